@@ -1,0 +1,207 @@
+"""``Database``: one engine and connection pool, shared by every unit of work.
+
+Per-dialect connection setup lives here and nowhere else:
+
+* SQLite: WAL journal, ``foreign_keys=ON``, a busy timeout, and transactions
+  that really begin.  Writing units of work open with ``BEGIN IMMEDIATE``, so
+  concurrent writers queue for the write lock instead of failing with
+  "database is locked" when a read lock cannot be upgraded.
+* Postgres: asyncpg with a shared pool (pre-pinged), and pgvector's binary
+  codec registered on each new connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+
+from memorm.config import resolve_url
+from memorm.errors import DatabaseError, MemormError, SchemaError
+from memorm.translate import translate
+from memorm.types.json import dumps, loads
+
+if TYPE_CHECKING:
+    from memorm.uow import UnitOfWork
+
+__all__ = ["Database", "SQLITE_BUSY_TIMEOUT_MS"]
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+READ_ONLY = "memorm_read_only"  # execution option: a unit of work that never writes
+
+
+class Database:
+    """An async database for agents' memory.
+
+    Args:
+        url: ``sqlite+aiosqlite:///file.db`` or ``postgresql+asyncpg://…`` (plain
+            ``sqlite:///`` and ``postgresql://`` are mapped to those drivers).
+            Defaults to ``MEMORM_DATABASE_URL``, else ``sqlite+aiosqlite:///memorm.db``.
+        **engine_options: passed to SQLAlchemy's ``create_async_engine``
+            (``pool_size``, ``max_overflow``, ``connect_args``, ``echo``…).
+
+    Example::
+
+        async with Database("sqlite:///agents.db") as db:
+            await db.upgrade()
+            async with db.unit_of_work() as uow:
+                agent = await uow.agents.create("sam")
+    """
+
+    def __init__(self, url: str | URL | None = None, **engine_options: Any) -> None:
+        self.url = resolve_url(url)
+        options: dict[str, Any] = {"json_serializer": dumps, "json_deserializer": loads}
+        if self.url.get_backend_name() == "postgresql":
+            options["pool_pre_ping"] = True
+        options.update(engine_options)
+        self.engine: AsyncEngine = create_async_engine(self.url, **options)
+        self.sessions = async_sessionmaker(self.engine, expire_on_commit=False, autoflush=False)
+        self._read_sessions = async_sessionmaker(
+            self.engine.execution_options(**{READ_ONLY: True}),
+            expire_on_commit=False,
+            autoflush=False,
+        )
+        self._schema_ok = False
+        self._schema_lock: asyncio.Lock | None = None
+        if self.dialect == "sqlite":
+            _setup_sqlite(self.engine)
+        else:
+            _setup_postgres(self.engine)
+
+    @property
+    def dialect(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return self.engine.dialect.name
+
+    def __repr__(self) -> str:
+        return f"Database({self.url.render_as_string(hide_password=True)!r})"
+
+    async def __aenter__(self) -> Database:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.dispose()
+
+    async def dispose(self) -> None:
+        """Close every pooled connection."""
+        await self.engine.dispose()
+
+    def unit_of_work(self, *, read_only: bool = False) -> UnitOfWork:
+        """A new :class:`~memorm.uow.UnitOfWork` (use it with ``async with``).
+
+        ``read_only=True`` promises the unit of work only reads: on SQLite it then
+        runs beside a writer instead of queueing for the write lock.
+        """
+        from memorm.uow import UnitOfWork
+
+        return UnitOfWork(self, read_only=read_only)
+
+    def new_session(self, *, read_only: bool = False) -> AsyncSession:
+        """A fresh ``AsyncSession`` on this database's pool (units of work use this)."""
+        return (self._read_sessions if read_only else self.sessions)()
+
+    async def create_all(self) -> None:
+        """Create the schema from the models and stamp it at head (for throwaway databases).
+
+        Real deployments use :meth:`upgrade`, which runs the migrations.
+        """
+        from memorm.migrate import create_all
+
+        await create_all(self)
+        self._schema_ok = True
+
+    async def upgrade(self, revision: str = "head") -> None:
+        """Migrate the schema to ``revision`` (alembic ``upgrade``)."""
+        from memorm.migrate import upgrade
+
+        await upgrade(self, revision)
+        self._schema_ok = False
+
+    async def downgrade(self, revision: str) -> None:
+        """Migrate the schema down to ``revision`` (alembic ``downgrade``)."""
+        from memorm.migrate import downgrade
+
+        await downgrade(self, revision)
+        self._schema_ok = False
+
+    async def current_revision(self) -> str | None:
+        """The schema's alembic revision, or None for a database memorm never set up."""
+        from memorm.migrate import current_revision
+
+        return await current_revision(self)
+
+    async def check_schema(self) -> None:
+        """Raise :class:`SchemaError` unless the schema is at the head revision.
+
+        Runs once per ``Database``; units of work call it before their first statement.
+        """
+        if self._schema_ok:
+            return
+        if self._schema_lock is None:
+            self._schema_lock = asyncio.Lock()
+        async with self._schema_lock:
+            if self._schema_ok:
+                return
+            from memorm.migrate import head_revision
+
+            try:
+                current = await self.current_revision()
+            except MemormError:
+                raise
+            except Exception as error:
+                raise (translate(error) or DatabaseError(str(error))) from error
+            head = head_revision()
+            if current != head:
+                where = "has no memorm schema" if current is None else f"is at {current}"
+                raise SchemaError(
+                    f"the database {where}, but this memorm needs revision {head}: "
+                    "run `memorm db upgrade` (or `await db.upgrade()`)"
+                )
+            self._schema_ok = True
+
+
+def _setup_sqlite(engine: AsyncEngine) -> None:
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take BEGIN away from the driver so transactions begin when SQLAlchemy says.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA synchronous = NORMAL")  # durable in WAL mode, and fast
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        read_only = connection.get_execution_options().get(READ_ONLY, False)
+        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+
+def _setup_postgres(engine: AsyncEngine) -> None:
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.run_async(_register_pgvector)
+
+
+async def _register_pgvector(connection: Any) -> None:
+    """Register pgvector's binary codecs, if the extension is installed yet."""
+    schema = await connection.fetchval(
+        "SELECT n.nspname FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace "
+        "WHERE t.typname = 'vector' LIMIT 1"
+    )
+    if schema is not None:
+        from pgvector.asyncpg import register_vector
+
+        await register_vector(connection, schema=schema)
+
+

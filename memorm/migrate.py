@@ -1,0 +1,179 @@
+"""Alembic, driven programmatically and from ``migrations/env.py``.
+
+Both paths run migrations through :func:`run_sync_on`, which opens one
+connection of a :class:`~memorm.db.Database` (so SQLite gets its pragmas and
+Postgres its pgvector codec) and runs alembic inside one transaction.  On
+SQLite, foreign keys are switched off for the migration: batch migrations
+rebuild tables, and dropping the old copy with foreign keys on would cascade
+deletes into its children.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from alembic import command
+from alembic.config import Config
+from alembic.migration import MigrationContext
+from alembic.runtime.environment import EnvironmentContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Connection
+
+from memorm.models import metadata
+
+if TYPE_CHECKING:
+    from memorm.db import Database
+
+__all__ = [
+    "alembic_config",
+    "create_all",
+    "current_revision",
+    "downgrade",
+    "head_revision",
+    "run_env",
+    "script_location",
+    "upgrade",
+]
+
+T = TypeVar("T")
+
+
+def script_location() -> Path:
+    """The ``migrations`` folder: inside the installed package, or beside it in a checkout."""
+    package = Path(__file__).resolve().parent
+    for candidate in (package / "migrations", package.parent / "migrations"):
+        if (candidate / "env.py").is_file():
+            return candidate
+    raise FileNotFoundError("memorm's migrations folder is missing from this installation")
+
+
+def alembic_config(url: str | None = None, *, connection: Connection | None = None) -> Config:
+    """An alembic ``Config`` for memorm's migrations (no ini file needed)."""
+    config = Config()
+    config.set_main_option("script_location", str(script_location()))
+    if url is not None:
+        config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+@cache
+def head_revision() -> str:
+    """The newest revision this memorm ships."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    if head is None:  # pragma: no cover - the package always ships revisions
+        raise RuntimeError("memorm ships no migrations")
+    return head
+
+
+async def run_sync_on(db: Database, fn: Callable[[Connection], T]) -> T:
+    """Run ``fn(connection)`` in one migration transaction, then reset the pool.
+
+    The pool is disposed afterwards so that every new connection sees the new
+    schema (and on Postgres registers pgvector's codec, which a migration may
+    just have installed).
+    """
+    sqlite = db.dialect == "sqlite"
+    async with db.engine.connect() as connection:
+        if sqlite:
+            raw = await connection.get_raw_connection()
+            await raw.driver_connection.execute("PRAGMA foreign_keys = OFF")  # type: ignore[union-attr]
+        try:
+            async with connection.begin():
+                result = await connection.run_sync(fn)
+                if sqlite:
+                    broken = await connection.exec_driver_sql("PRAGMA foreign_key_check")
+                    if broken.first() is not None:
+                        raise RuntimeError("migration left rows whose foreign keys point nowhere")
+        finally:
+            if sqlite:
+                await raw.driver_connection.execute("PRAGMA foreign_keys = ON")  # type: ignore[union-attr]
+    await db.engine.dispose()
+    return result
+
+
+async def upgrade(db: Database, revision: str = "head") -> None:
+    """``alembic upgrade revision`` on ``db``."""
+    await run_sync_on(db, lambda c: command.upgrade(alembic_config(connection=c), revision))
+
+
+async def downgrade(db: Database, revision: str) -> None:
+    """``alembic downgrade revision`` on ``db``."""
+    await run_sync_on(db, lambda c: command.downgrade(alembic_config(connection=c), revision))
+
+
+async def create_all(db: Database) -> None:
+    """Create the schema straight from the models and stamp it at head."""
+
+    def build(connection: Connection) -> None:
+        metadata.create_all(connection)
+        command.stamp(alembic_config(connection=connection), "head")
+
+    await run_sync_on(db, build)
+
+
+async def current_revision(db: Database) -> str | None:
+    """The schema's current revision, or None where memorm never migrated."""
+    from memorm.db import READ_ONLY
+
+    engine = db.engine.execution_options(**{READ_ONLY: True})
+    async with engine.connect() as connection:
+        revision: str | None = await connection.run_sync(
+            lambda c: MigrationContext.configure(c).get_current_revision()
+        )
+    return revision
+
+
+def _configure(context: EnvironmentContext, **options: Any) -> None:
+    context.configure(
+        target_metadata=metadata,
+        render_as_batch=True,
+        compare_type=True,
+        **options,
+    )
+
+
+def run_env(context: EnvironmentContext) -> None:
+    """The body of ``migrations/env.py``.
+
+    With a connection in ``config.attributes`` (the programmatic path) it
+    migrates on that; otherwise it opens a :class:`Database` on the URL given by
+    ``-x url=…``, ``sqlalchemy.url``, ``MEMORM_DATABASE_URL`` or the default.
+    """
+    config = context.config
+    url = context.get_x_argument(as_dictionary=True).get("url") or config.get_main_option(
+        "sqlalchemy.url"
+    )
+    if context.is_offline_mode():
+        from memorm.config import resolve_url
+
+        _configure(context, url=resolve_url(url or None), literal_binds=True)
+        with context.begin_transaction():
+            context.run_migrations()
+        return
+
+    def migrate(connection: Connection) -> None:
+        _configure(context, connection=connection)
+        with context.begin_transaction():
+            context.run_migrations()
+
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        migrate(connection)
+        return
+
+    from memorm.db import Database
+
+    async def main() -> None:
+        db = Database(url or None)
+        try:
+            await run_sync_on(db, migrate)
+        finally:
+            await db.dispose()
+
+    asyncio.run(main())

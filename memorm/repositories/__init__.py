@@ -1,0 +1,8 @@
+"""One repository per aggregate; each flushes, none commits."""
+
+from memorm.repositories.agents import AgentRepository
+from memorm.repositories.messages import MessageRepository
+from memorm.repositories.passages import PassageRepository
+from memorm.repositories.sessions import SessionRepository
+
+__all__ = ["AgentRepository", "MessageRepository", "PassageRepository", "SessionRepository"]

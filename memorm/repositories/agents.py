@@ -1,0 +1,177 @@
+"""``uow.agents``: agents, their core memory, optimistic versioning."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import sqlalchemy as sa
+
+from memorm.errors import ConflictError, NotFoundError, ValidationError
+from memorm.models import Agent
+from memorm.page import Page
+from memorm.repositories.base import Repository
+from memorm.types import utcnow
+from memorm.validation import as_uuid, check_json_object, check_text
+
+__all__ = ["AgentRepository"]
+
+_UPDATABLE = ("name", "system", "core_memory", "llm_config", "meta")
+
+
+def _check_name(name: object) -> str:
+    checked = check_text(name, "name")
+    if not checked or not checked.strip():
+        raise ValidationError("name: an agent needs a non-blank name")
+    return checked
+
+
+def _check_core_memory(value: object) -> dict[str, str]:
+    memory = check_json_object(value, "core_memory")
+    for label, text in memory.items():
+        check_text(text, f"core_memory.{label}")
+    return memory
+
+
+def _check_changes(changes: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(changes) - set(_UPDATABLE))
+    if unknown:
+        raise ValidationError(f"cannot update {', '.join(unknown)}; updatable: {', '.join(_UPDATABLE)}")
+    checked: dict[str, Any] = {}
+    for key, value in changes.items():
+        if key == "name":
+            checked[key] = _check_name(value)
+        elif key == "system":
+            checked[key] = check_text(value, "system")
+        elif key == "core_memory":
+            checked[key] = _check_core_memory(value)
+        else:
+            checked[key] = check_json_object(value, key)
+    return checked
+
+
+def _check_version(expected_version: object) -> int | None:
+    if expected_version is None:
+        return None
+    if isinstance(expected_version, bool) or not isinstance(expected_version, int):
+        raise ValidationError(f"expected_version: expected an integer, got {expected_version!r}")
+    return expected_version
+
+
+class AgentRepository(Repository):
+    """Agents: create, read, page, update (optimistically versioned), delete."""
+
+    async def create(
+        self,
+        name: str,
+        *,
+        system: str = "",
+        core_memory: Mapping[str, str] | None = None,
+        llm_config: Mapping[str, Any] | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> Agent:
+        """Create an agent; its ``name`` must be unique (``ConflictError`` otherwise)."""
+        agent = Agent(
+            name=_check_name(name),
+            system=check_text(system, "system"),
+            core_memory=_check_core_memory(core_memory),
+            llm_config=check_json_object(llm_config, "llm_config"),
+            meta=check_json_object(meta, "meta"),
+        )
+        async with self._savepoint():
+            self.session.add(agent)
+            await self.session.flush()
+        return agent
+
+    async def get(self, agent_id: uuid.UUID | str) -> Agent:
+        """The agent with this id; ``NotFoundError`` if there is none."""
+        key = as_uuid(agent_id, "agent_id")
+        agent = await self._scalar(sa.select(Agent).where(Agent.id == key))
+        if agent is None:
+            raise NotFoundError(f"no agent {key}")
+        result: Agent = agent
+        return result
+
+    async def get_by_name(self, name: str) -> Agent | None:
+        """The agent called ``name``, or None."""
+        agent: Agent | None = await self._scalar(
+            sa.select(Agent).where(Agent.name == check_text(name, "name"))
+        )
+        return agent
+
+    async def list(self, *, limit: int = 50, offset: int = 0) -> Page[Agent]:
+        """Agents, oldest first."""
+        return await self._page(sa.select(Agent).order_by(Agent.id), limit=limit, offset=offset)
+
+    async def update(
+        self,
+        agent_id: uuid.UUID | str,
+        *,
+        expected_version: int | None = None,
+        **changes: Any,
+    ) -> Agent:
+        """Change ``name``, ``system``, ``core_memory``, ``llm_config`` or ``meta``.
+
+        Every update bumps ``version``.  With ``expected_version``, the update
+        happens only if the agent is still at that version, else ``ConflictError``.
+        """
+        key = as_uuid(agent_id, "agent_id")
+        version = _check_version(expected_version)
+        return await self._write(key, version, _check_changes(changes))
+
+    async def update_core_memory(
+        self,
+        agent_id: uuid.UUID | str,
+        label: str,
+        value: str,
+        *,
+        expected_version: int | None = None,
+    ) -> Agent:
+        """Set one block of core memory (``label`` -> ``value``), bumping ``version``."""
+        key = as_uuid(agent_id, "agent_id")
+        version = _check_version(expected_version)
+        label = check_text(label, "label") or ""
+        if not label:
+            raise ValidationError("label: a core memory block needs a name")
+        text = check_text(value, f"core_memory.{label}")
+        current = await self._scalar(
+            sa.select(Agent)
+            .where(Agent.id == key)
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        )
+        if current is None:
+            raise NotFoundError(f"no agent {key}")
+        if version is not None and current.version != version:
+            raise ConflictError(f"agent {key} is at version {current.version}, not {version}")
+        memory = {**current.core_memory, label: text}
+        return await self._write(key, current.version, {"core_memory": memory})
+
+    async def _write(self, key: uuid.UUID, version: int | None, values: dict[str, Any]) -> Agent:
+        statement = (
+            sa.update(Agent)
+            .where(Agent.id == key)  # type: ignore[arg-type]
+            .values(**values, version=Agent.version + 1, updated_at=utcnow())
+            .returning(Agent)
+            .execution_options(populate_existing=True, synchronize_session=False)
+        )
+        if version is not None:
+            statement = statement.where(Agent.version == version)  # type: ignore[arg-type]
+        async with self._savepoint():
+            agent: Agent | None = (await self.session.execute(statement)).scalars().first()
+        if agent is None:
+            exists = await self._scalar(sa.select(Agent.version).where(Agent.id == key))
+            if exists is None:
+                raise NotFoundError(f"no agent {key}")
+            raise ConflictError(f"agent {key} is at version {exists}, not {version}")
+        return agent
+
+    async def delete(self, agent_id: uuid.UUID | str) -> None:
+        """Delete the agent with its sessions, messages and passages."""
+        key = as_uuid(agent_id, "agent_id")
+        result = await self._execute(
+            sa.delete(Agent).where(Agent.id == key).execution_options(synchronize_session=False)  # type: ignore[arg-type]
+        )
+        if result.rowcount == 0:  # type: ignore[attr-defined]
+            raise NotFoundError(f"no agent {key}")

@@ -1,0 +1,65 @@
+"""``uow.sessions``: an agent's conversations."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import sqlalchemy as sa
+
+from memorm.errors import NotFoundError
+from memorm.models import Agent, Session
+from memorm.page import Page
+from memorm.repositories.base import Repository
+from memorm.validation import as_uuid, check_json_object, check_text
+
+__all__ = ["SessionRepository"]
+
+
+class SessionRepository(Repository):
+    """Chat sessions: create, read, page per agent, delete."""
+
+    async def create(
+        self,
+        agent_id: uuid.UUID | str,
+        *,
+        title: str | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> Session:
+        """A new session of the agent (``NotFoundError`` for an unknown agent)."""
+        key = as_uuid(agent_id, "agent_id")
+        chat = Session(
+            agent_id=key,
+            title=check_text(title, "title", optional=True),
+            meta=check_json_object(meta, "meta"),
+        )
+        if await self._scalar(sa.select(Agent.id).where(Agent.id == key)) is None:
+            raise NotFoundError(f"no agent {key}")
+        async with self._savepoint():  # the agent may vanish meanwhile: FK -> NotFoundError
+            self.session.add(chat)
+            await self.session.flush()
+        return chat
+
+    async def get(self, session_id: uuid.UUID | str) -> Session:
+        """The session with this id; ``NotFoundError`` if there is none."""
+        key = as_uuid(session_id, "session_id")
+        chat: Session | None = await self._scalar(sa.select(Session).where(Session.id == key))
+        if chat is None:
+            raise NotFoundError(f"no session {key}")
+        return chat
+
+    async def list(self, agent_id: uuid.UUID | str, *, limit: int = 50, offset: int = 0) -> Page[Session]:
+        """The agent's sessions, oldest first."""
+        key = as_uuid(agent_id, "agent_id")
+        query = sa.select(Session).where(Session.agent_id == key).order_by(Session.created_at, Session.id)
+        return await self._page(query, limit=limit, offset=offset)
+
+    async def delete(self, session_id: uuid.UUID | str) -> None:
+        """Delete the session and its messages."""
+        key = as_uuid(session_id, "session_id")
+        result = await self._execute(
+            sa.delete(Session).where(Session.id == key).execution_options(synchronize_session=False)  # type: ignore[arg-type]
+        )
+        if result.rowcount == 0:  # type: ignore[attr-defined]
+            raise NotFoundError(f"no session {key}")

@@ -1,0 +1,104 @@
+"""Driver errors -> :mod:`memorm.errors`, in one place.
+
+Repositories and the unit of work run every statement inside
+:func:`translating`; whatever the driver raises leaves as a ``MemormError``
+subclass with the original exception as ``__cause__``.  The mapping keys on
+SQLSTATE codes (Postgres) and on SQLite's stable message prefixes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import exc as sa_exc
+
+from memorm.errors import (
+    ConflictError,
+    DatabaseError,
+    MemormError,
+    NotFoundError,
+    SchemaError,
+    ValidationError,
+)
+
+__all__ = ["translate", "translating"]
+
+UPGRADE_HINT = "run `memorm db upgrade` (or `await db.upgrade()`)"
+
+# SQLSTATE class or code -> (error class, what to tell the caller)
+_PG_CODES: dict[str, tuple[type[MemormError], str]] = {
+    "23505": (ConflictError, "a unique value is already taken"),
+    "23503": (NotFoundError, "a referenced row does not exist"),
+    "23502": (ValidationError, "a required value is missing"),
+    "23514": (ValidationError, "a value breaks a check constraint"),
+    "22P05": (ValidationError, "text contains a character Postgres cannot store"),
+    "22021": (ValidationError, "text is not valid in the database encoding"),
+    "40001": (ConflictError, "a concurrent transaction conflicted; retry the unit of work"),
+    "40P01": (ConflictError, "deadlock detected; retry the unit of work"),
+    "57014": (DatabaseError, "the statement was cancelled (statement timeout)"),
+    "55P03": (DatabaseError, "a lock could not be acquired in time (lock timeout)"),
+    "42P01": (SchemaError, f"a table is missing: {UPGRADE_HINT}"),
+    "42703": (SchemaError, f"a column is missing: {UPGRADE_HINT}"),
+    "22": (ValidationError, "the database rejected a value"),
+    "08": (DatabaseError, "the connection to the database failed"),
+    "57": (DatabaseError, "the database server is shutting down or cancelled the statement"),
+}
+
+_SQLITE_MESSAGES: tuple[tuple[str, type[MemormError], str], ...] = (
+    ("UNIQUE constraint failed", ConflictError, "a unique value is already taken"),
+    ("FOREIGN KEY constraint failed", NotFoundError, "a referenced row does not exist"),
+    ("NOT NULL constraint failed", ValidationError, "a required value is missing"),
+    ("CHECK constraint failed", ValidationError, "a value breaks a check constraint"),
+    ("no such table", SchemaError, f"a table is missing: {UPGRADE_HINT}"),
+    ("no such column", SchemaError, f"a column is missing: {UPGRADE_HINT}"),
+    ("database is locked", DatabaseError, "the SQLite database stayed locked too long"),
+)
+
+
+def _sqlstate(error: BaseException) -> str | None:
+    for candidate in (error, error.__cause__):
+        code = getattr(candidate, "sqlstate", None) or getattr(candidate, "pgcode", None)
+        if isinstance(code, str):
+            return code
+    return None
+
+
+def translate(error: BaseException) -> MemormError | None:
+    """The memorm error for a driver/SQLAlchemy error, or None if it is not one."""
+    if isinstance(error, MemormError):
+        return error
+    if isinstance(error, sa_exc.StatementError) and isinstance(error.orig, MemormError):
+        return error.orig  # raised by one of our own bind processors
+    if not isinstance(error, sa_exc.DBAPIError):
+        if isinstance(error, sa_exc.TimeoutError):
+            return DatabaseError("no database connection became free in time (pool timeout)")
+        return None
+    orig = error.orig
+    detail = str(orig).strip().splitlines()[0] if orig is not None else ""
+    code = _sqlstate(orig) if orig is not None else None
+    if code is not None:
+        found = _PG_CODES.get(code) or _PG_CODES.get(code[:2])
+        if found is not None:
+            cls, message = found
+            return cls(f"{message}: {detail}")
+    for prefix, cls, message in _SQLITE_MESSAGES:
+        if prefix in detail:
+            return cls(f"{message}: {detail}")
+    if error.connection_invalidated:
+        return DatabaseError(f"the connection to the database was lost: {detail}")
+    if isinstance(error, sa_exc.IntegrityError):
+        return ValidationError(f"the database rejected the write: {detail}")
+    return DatabaseError(f"database error: {detail}")
+
+
+@contextmanager
+def translating() -> Iterator[None]:
+    """Re-raise driver errors raised inside the block as ``memorm.errors``."""
+    try:
+        yield
+    except Exception as error:
+        translated = translate(error)
+        if translated is None or translated is error:
+            raise
+        raise translated from error

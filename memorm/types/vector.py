@@ -1,0 +1,89 @@
+"""Embedding vectors: pgvector's ``vector`` on Postgres, packed float32 on SQLite."""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from pgvector import Vector
+from pgvector.sqlalchemy import VECTOR
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeEngine
+
+__all__ = ["VectorType", "pack_float32", "unpack_float32"]
+
+_SWAP = sys.byteorder != "little"  # stored bytes are little-endian everywhere
+
+
+def pack_float32(values: Sequence[float]) -> bytes:
+    """Little-endian float32 bytes of ``values``."""
+    packed = array("f", values)
+    if _SWAP:
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def unpack_float32(data: bytes) -> list[float]:
+    """The floats of :func:`pack_float32`'s bytes."""
+    unpacked = array("f")
+    unpacked.frombytes(data)
+    if _SWAP:
+        unpacked.byteswap()
+    return unpacked.tolist()
+
+
+class _BinaryVector(VECTOR):
+    """pgvector's column type, sending values through the binary asyncpg codec.
+
+    :class:`memorm.Database` registers pgvector's codec on every connection, so
+    values travel as binary ``Vector`` objects instead of being formatted as text.
+    The comparator (``cosine_distance``, ``l2_distance``, ``max_inner_product``)
+    is pgvector's own.
+    """
+
+    cache_ok = True
+
+    def bind_processor(self, dialect: Dialect) -> Callable[[Any], Any]:
+        def process(value: Any) -> Any:
+            if value is None or isinstance(value, Vector):
+                return value
+            return Vector(value if not isinstance(value, tuple) else list(value))
+
+        return process
+
+
+class VectorType(sa.types.TypeDecorator[list[float]]):
+    """A float vector of any dimension; each row records its own dimension.
+
+    Postgres stores a dimensionless ``vector`` so embeddings of several models
+    (384-d beside 1536-d) share one column; per-model HNSW indexes are
+    expression indexes with a cast.  SQLite stores little-endian float32 bytes,
+    which numpy reads without copying.
+    """
+
+    impl = sa.LargeBinary
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(_BinaryVector())
+        return dialect.type_descriptor(sa.LargeBinary())
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        if dialect.name == "postgresql":
+            return value
+        return pack_float32(value)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> list[float] | None:
+        if value is None:
+            return None
+        if isinstance(value, (bytes, memoryview)):
+            return unpack_float32(bytes(value))
+        if isinstance(value, Vector):
+            return value.to_list()
+        return list(value)

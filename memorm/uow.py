@@ -1,0 +1,95 @@
+"""``UnitOfWork``: one ``AsyncSession``, one transaction, all four repositories.
+
+::
+
+    async with db.unit_of_work() as uow:      # BEGIN
+        agent = await uow.agents.create("sam")
+        ...                                   # COMMIT on clean exit,
+                                              # ROLLBACK on exception or cancellation
+
+Repositories flush; only the unit of work commits or rolls back.  A unit of
+work belongs to one task: never share one between concurrent tasks.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import anyio
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from memorm.repositories import (
+    AgentRepository,
+    MessageRepository,
+    PassageRepository,
+    SessionRepository,
+)
+from memorm.translate import translating
+
+if TYPE_CHECKING:
+    from memorm.db import Database
+
+__all__ = ["UnitOfWork"]
+
+
+class UnitOfWork:
+    """A transaction over memorm's repositories; get one from :meth:`Database.unit_of_work`.
+
+    Attributes:
+        agents: :class:`~memorm.repositories.AgentRepository`.
+        sessions: :class:`~memorm.repositories.SessionRepository`.
+        messages: :class:`~memorm.repositories.MessageRepository`.
+        passages: :class:`~memorm.repositories.PassageRepository`.
+        session: the underlying SQLAlchemy ``AsyncSession``, for queries of your own.
+    """
+
+    agents: AgentRepository
+    sessions: SessionRepository
+    messages: MessageRepository
+    passages: PassageRepository
+    session: AsyncSession
+
+    def __init__(self, db: Database, *, read_only: bool = False) -> None:
+        self.db = db
+        self.read_only = read_only
+        self._open = False
+
+    async def __aenter__(self) -> UnitOfWork:
+        if self._open:
+            raise RuntimeError("this unit of work is already open; make a new one per task")
+        await self.db.check_schema()
+        self.session = self.db.new_session(read_only=self.read_only)
+        self.agents = AgentRepository(self.session)
+        self.sessions = SessionRepository(self.session)
+        self.messages = MessageRepository(self.session)
+        self.passages = PassageRepository(self.session)
+        self._open = True
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # Shielded: a cancelled task must still roll back and return its connection.
+        with anyio.CancelScope(shield=True):
+            try:
+                if exc_type is None:
+                    await self.commit()
+                else:
+                    await self.rollback()
+            finally:
+                self._open = False
+                await self.session.close()
+
+    async def commit(self) -> None:
+        """Commit what the repositories wrote so far; the unit of work stays usable."""
+        with translating():
+            await self.session.commit()
+
+    async def rollback(self) -> None:
+        """Discard what the repositories wrote since the last commit."""
+        with translating():
+            await self.session.rollback()

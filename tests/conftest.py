@@ -1,0 +1,150 @@
+"""One suite, two engines.
+
+Every test that takes ``db`` runs twice: on a fresh SQLite file (mark
+``sqlite``) and on a fresh schema of the Postgres server (mark ``postgres``) at
+``MEMORM_TEST_POSTGRES_URL``.  Postgres tests skip when the server is
+unreachable, unless ``MEMORM_REQUIRE_POSTGRES=1`` (set by ``.ci/run``), which
+turns any skipped Postgres test into a failed run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from sqlalchemy.engine import make_url
+
+from memorm import Database
+
+POSTGRES_URL = os.environ.get(
+    "MEMORM_TEST_POSTGRES_URL", "postgresql+asyncpg://root@127.0.0.1:5432/test"
+)
+REQUIRE_POSTGRES = os.environ.get("MEMORM_REQUIRE_POSTGRES") == "1"
+ENGINES = [
+    pytest.param("sqlite", marks=pytest.mark.sqlite),
+    pytest.param("postgres", marks=pytest.mark.postgres),
+]
+
+
+def asyncpg_dsn(url: str = POSTGRES_URL) -> str:
+    """The plain libpq-style DSN asyncpg takes for a SQLAlchemy URL."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+_postgres_state: dict[str, str | None] = {}
+
+
+def postgres_unavailable() -> str | None:
+    """Why Postgres cannot be used (None when it can); checked once per run."""
+    if "reason" not in _postgres_state:
+
+        async def probe() -> None:
+            connection = await asyncpg.connect(asyncpg_dsn(), timeout=5)
+            try:
+                # Installed once in public: per-test schemas share it, and a
+                # test dropping its schema must never drop the extension.
+                await connection.execute("CREATE EXTENSION IF NOT EXISTS vector SCHEMA public")
+            finally:
+                await connection.close()
+
+        try:
+            asyncio.run(probe())
+            _postgres_state["reason"] = None
+        except Exception as error:  # unreachable server, missing pgvector…
+            _postgres_state["reason"] = f"Postgres at {make_url(POSTGRES_URL)!r} unusable: {error}"
+    return _postgres_state["reason"]
+
+
+@dataclass
+class Store:
+    """Where one test's data lives: a SQLite file or a Postgres schema."""
+
+    engine: str
+    url: str
+    options: dict[str, Any] = field(default_factory=dict)
+    schema: str | None = None
+
+    def database(self, **engine_options: Any) -> Database:
+        """Another ``Database`` on the same store (its own engine and pool)."""
+        return Database(self.url, **{**self.options, **engine_options})
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    if name == "postgres":
+        reason = postgres_unavailable()
+        if reason is not None:
+            if REQUIRE_POSTGRES:
+                pytest.fail(f"MEMORM_REQUIRE_POSTGRES=1 but {reason}")
+            pytest.skip(reason)
+    return name
+
+
+@pytest.fixture
+async def store(engine: str, tmp_path: Path) -> AsyncIterator[Store]:
+    """An empty store (no schema) for one test."""
+    if engine == "sqlite":
+        yield Store(engine, f"sqlite+aiosqlite:///{tmp_path / 'memorm.db'}")
+        return
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    admin = await asyncpg.connect(asyncpg_dsn())
+    try:
+        await admin.execute(f'CREATE SCHEMA "{schema}"')
+        yield Store(
+            engine,
+            POSTGRES_URL,
+            {"connect_args": {"server_settings": {"search_path": f"{schema},public"}}},
+            schema,
+        )
+    finally:
+        await admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await admin.close()
+
+
+@pytest.fixture
+async def db(store: Store) -> AsyncIterator[Database]:
+    """A ``Database`` with memorm's schema created, on SQLite and on Postgres."""
+    database = store.database()
+    await database.create_all()
+    try:
+        yield database
+    finally:
+        await database.dispose()
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+
+# -- MEMORM_REQUIRE_POSTGRES: a skipped Postgres test fails the run -------------
+
+_skipped_postgres: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and "postgres" in report.keywords:
+        _skipped_postgres.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if REQUIRE_POSTGRES and _skipped_postgres:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if REQUIRE_POSTGRES and _skipped_postgres:
+        terminalreporter.write_line(
+            f"MEMORM_REQUIRE_POSTGRES=1: {len(_skipped_postgres)} Postgres tests skipped "
+            f"(first: {_skipped_postgres[0]}); failing the run",
+            red=True,
+        )
