@@ -41,7 +41,8 @@ async def insert_rows(
         names = tuple(columns)
         processors = _processors(dialect, table, names)
         records = [
-            tuple(v if p is None or v is None else p(v) for p, v in zip(processors, row)) for row in rows
+            tuple(v if p is None or v is None else p(v) for p, v in zip(processors, row, strict=True))
+            for row in rows
         ]
         driver = (await connection.get_raw_connection()).driver_connection
         if dialect.name == "postgresql":

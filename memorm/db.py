@@ -28,7 +28,7 @@ from memorm.types.json import dumps, loads
 if TYPE_CHECKING:
     from memorm.uow import UnitOfWork
 
-__all__ = ["Database", "SQLITE_BUSY_TIMEOUT_MS"]
+__all__ = ["SQLITE_BUSY_TIMEOUT_MS", "Database"]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 READ_ONLY = "memorm_read_only"  # execution option: a unit of work that never writes
@@ -203,5 +203,3 @@ async def _register_pgvector(connection: Any) -> None:
         from pgvector.asyncpg import register_vector
 
         await register_vector(connection, schema=schema)
-
-

@@ -146,9 +146,7 @@ def run_env(context: EnvironmentContext) -> None:
     ``-x url=…``, ``sqlalchemy.url``, ``MEMORM_DATABASE_URL`` or the default.
     """
     config = context.config
-    url = context.get_x_argument(as_dictionary=True).get("url") or config.get_main_option(
-        "sqlalchemy.url"
-    )
+    url = context.get_x_argument(as_dictionary=True).get("url") or config.get_main_option("sqlalchemy.url")
     if context.is_offline_mode():
         from memorm.config import resolve_url
 

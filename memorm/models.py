@@ -24,7 +24,11 @@ from memorm.ids import uuid7
 from memorm.types import JSONType, UTCDateTime, UUIDType, VectorType, utcnow
 
 __all__ = [
+    "AGENTS",
+    "MESSAGES",
+    "PASSAGES",
     "ROLES",
+    "SESSIONS",
     "Agent",
     "ArchivalPassage",
     "MemormModel",
@@ -127,13 +131,20 @@ class ArchivalPassage(_Row, table=True):
     embedding_model: str = Field(default="default", sa_type=sa.Text, nullable=False)
     embedding_dim: int = Field(nullable=False)
 
+
 # pgvector's type must exist before the first table that uses it; migrations do
 # the same in their first revision.
 sa.event.listen(
     metadata,
     "before_create",
-    sa.DDL("CREATE EXTENSION IF NOT EXISTS vector").execute_if(dialect="postgresql"),
+    sa.DDL("CREATE EXTENSION IF NOT EXISTS vector").execute_if(dialect="postgresql"),  # type: ignore[no-untyped-call]
 )
+
+# The tables behind the models, typed for Core statements (``AGENTS.c.name``).
+AGENTS: sa.Table = Agent.__table__  # type: ignore[attr-defined]
+SESSIONS: sa.Table = Session.__table__  # type: ignore[attr-defined]
+MESSAGES: sa.Table = Message.__table__  # type: ignore[attr-defined]
+PASSAGES: sa.Table = ArchivalPassage.__table__  # type: ignore[attr-defined]
 
 M = TypeVar("M", bound=MemormModel)
 

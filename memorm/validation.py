@@ -120,11 +120,15 @@ def check_limit(limit: object, offset: object = 0, *, maximum: int = MAX_PAGE) -
 
 def check_vector(value: object, field: str = "embedding") -> list[float]:
     """A non-empty sequence of finite numbers, as a list of floats."""
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) and not hasattr(
-        value, "tolist"
-    ):
+    items: list[Any]
+    if hasattr(value, "tolist"):  # numpy arrays
+        items = value.tolist()
+        if not isinstance(items, list):
+            raise ValidationError(f"{field}: expected a one-dimensional vector")
+    elif isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        items = list(value)
+    else:
         raise ValidationError(f"{field}: expected a sequence of floats")
-    items = value.tolist() if hasattr(value, "tolist") else list(value)
     if not items:
         raise ValidationError(f"{field}: empty vector")
     if len(items) > 16000:

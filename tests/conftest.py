@@ -23,9 +23,7 @@ from sqlalchemy.engine import make_url
 
 from memorm import Database
 
-POSTGRES_URL = os.environ.get(
-    "MEMORM_TEST_POSTGRES_URL", "postgresql+asyncpg://root@127.0.0.1:5432/test"
-)
+POSTGRES_URL = os.environ.get("MEMORM_TEST_POSTGRES_URL", "postgresql+asyncpg://root@127.0.0.1:5432/test")
 REQUIRE_POSTGRES = os.environ.get("MEMORM_REQUIRE_POSTGRES") == "1"
 ENGINES = [
     pytest.param("sqlite", marks=pytest.mark.sqlite),
@@ -123,7 +121,6 @@ async def db(store: Store) -> AsyncIterator[Database]:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
 
 
 # -- MEMORM_REQUIRE_POSTGRES: a skipped Postgres test fails the run -------------

@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from memorm.errors import ConflictError, NotFoundError, ValidationError
-from memorm.models import Agent
+from memorm.models import AGENTS, Agent
 from memorm.page import Page
 from memorm.repositories.base import Repository
 from memorm.types import utcnow
@@ -87,7 +87,7 @@ class AgentRepository(Repository):
     async def get(self, agent_id: uuid.UUID | str) -> Agent:
         """The agent with this id; ``NotFoundError`` if there is none."""
         key = as_uuid(agent_id, "agent_id")
-        agent = await self._scalar(sa.select(Agent).where(Agent.id == key))
+        agent = await self._scalar(sa.select(Agent).where(AGENTS.c.id == key))
         if agent is None:
             raise NotFoundError(f"no agent {key}")
         result: Agent = agent
@@ -96,13 +96,13 @@ class AgentRepository(Repository):
     async def get_by_name(self, name: str) -> Agent | None:
         """The agent called ``name``, or None."""
         agent: Agent | None = await self._scalar(
-            sa.select(Agent).where(Agent.name == check_text(name, "name"))
+            sa.select(Agent).where(AGENTS.c.name == check_text(name, "name"))
         )
         return agent
 
     async def list(self, *, limit: int = 50, offset: int = 0) -> Page[Agent]:
         """Agents, oldest first."""
-        return await self._page(sa.select(Agent).order_by(Agent.id), limit=limit, offset=offset)
+        return await self._page(sa.select(Agent).order_by(AGENTS.c.id), limit=limit, offset=offset)
 
     async def update(
         self,
@@ -137,7 +137,7 @@ class AgentRepository(Repository):
         text = check_text(value, f"core_memory.{label}")
         current = await self._scalar(
             sa.select(Agent)
-            .where(Agent.id == key)
+            .where(AGENTS.c.id == key)
             .with_for_update()
             .execution_options(populate_existing=True)
         )
@@ -151,17 +151,17 @@ class AgentRepository(Repository):
     async def _write(self, key: uuid.UUID, version: int | None, values: dict[str, Any]) -> Agent:
         statement = (
             sa.update(Agent)
-            .where(Agent.id == key)  # type: ignore[arg-type]
-            .values(**values, version=Agent.version + 1, updated_at=utcnow())
+            .where(AGENTS.c.id == key)
+            .values(**values, version=AGENTS.c.version + 1, updated_at=utcnow())
             .returning(Agent)
             .execution_options(populate_existing=True, synchronize_session=False)
         )
         if version is not None:
-            statement = statement.where(Agent.version == version)  # type: ignore[arg-type]
+            statement = statement.where(AGENTS.c.version == version)
         async with self._savepoint():
             agent: Agent | None = (await self.session.execute(statement)).scalars().first()
         if agent is None:
-            exists = await self._scalar(sa.select(Agent.version).where(Agent.id == key))
+            exists = await self._scalar(sa.select(AGENTS.c.version).where(AGENTS.c.id == key))
             if exists is None:
                 raise NotFoundError(f"no agent {key}")
             raise ConflictError(f"agent {key} is at version {exists}, not {version}")
@@ -171,7 +171,7 @@ class AgentRepository(Repository):
         """Delete the agent with its sessions, messages and passages."""
         key = as_uuid(agent_id, "agent_id")
         result = await self._execute(
-            sa.delete(Agent).where(Agent.id == key).execution_options(synchronize_session=False)  # type: ignore[arg-type]
+            sa.delete(Agent).where(AGENTS.c.id == key).execution_options(synchronize_session=False)
         )
         if result.rowcount == 0:  # type: ignore[attr-defined]
             raise NotFoundError(f"no agent {key}")

@@ -46,9 +46,10 @@ class Repository:
             async with self.session.begin_nested():
                 yield
 
-    async def _page(self, query: Select[tuple[T]], *, limit: int, offset: int) -> Page[T]:
+    async def _page(self, query: Select[Any], *, limit: int, offset: int) -> Page[Any]:
         """One page of ``query`` (already ordered) with its true total."""
         check_limit(limit, offset)
-        total = await self._scalar(sa.select(sa.func.count()).select_from(query.order_by(None).subquery()))
+        counted = query.order_by(None).subquery()
+        total = await self._scalar(sa.select(sa.func.count()).select_from(counted))
         items = list((await self._execute(query.limit(limit).offset(offset))).scalars())
         return Page(items=items, total=int(total or 0), limit=limit, offset=offset)

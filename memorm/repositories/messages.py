@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from memorm.bulk import insert_rows
 from memorm.errors import NotFoundError, ValidationError
 from memorm.ids import uuid7
-from memorm.models import ROLES, Message, Session, hydrate
+from memorm.models import MESSAGES, ROLES, SESSIONS, Message, hydrate
 from memorm.repositories.base import Repository
 from memorm.types import utcnow
 from memorm.validation import (
@@ -25,8 +25,8 @@ from memorm.validation import (
 
 __all__ = ["MessageRepository"]
 
-_MESSAGES = Message.__table__
-_SESSIONS = Session.__table__
+_MESSAGES = MESSAGES
+_SESSIONS = SESSIONS
 _COLUMNS = tuple(column.name for column in _MESSAGES.columns)
 # What a caller may give for a message; the rest is assigned by append().
 _GIVEN = ("id", "created_at", "meta", "role", "content", "name", "tool_calls", "tool_call_id", "token_count")
@@ -38,6 +38,7 @@ MessageInput = Message | Mapping[str, Any]
 def _check_message(item: object, index: int) -> dict[str, Any]:
     """The checked column values of one input message (a ``Message`` or a dict)."""
     where = f"messages[{index}]"
+    given: Mapping[str, Any]
     if isinstance(item, Message):
         given = item.__dict__  # plain reads: no instrumentation on the hot path
     elif isinstance(item, Mapping):
@@ -102,10 +103,10 @@ class MessageRepository(Repository):
         ).first()
         if allocated is None:
             raise NotFoundError(f"no session {key}")
-        agent_id, end = allocated
+        agent_id, end = tuple(allocated)
         seq = end - len(rows)
         stored: list[Message] = []
-        for item, row in zip(batch, rows):
+        for item, row in zip(batch, rows, strict=True):
             row.update(session_id=key, agent_id=agent_id, seq=seq, updated_at=now)
             if row["created_at"] is None:
                 row["created_at"] = now
@@ -128,10 +129,10 @@ class MessageRepository(Repository):
         """The newest ``limit`` messages (before ``before_seq`` if given), oldest first."""
         key = as_uuid(session_id, "session_id")
         check_limit(limit)
-        query = sa.select(Message).where(Message.session_id == key)
+        query = sa.select(Message).where(_MESSAGES.c.session_id == key)
         if before_seq is not None:
-            query = query.where(Message.seq < _check_seq(before_seq, "before_seq"))
-        rows = list((await self._execute(query.order_by(Message.seq.desc()).limit(limit))).scalars())  # type: ignore[attr-defined]
+            query = query.where(_MESSAGES.c.seq < _check_seq(before_seq, "before_seq"))
+        rows = list((await self._execute(query.order_by(_MESSAGES.c.seq.desc()).limit(limit))).scalars())
         if not rows:
             await self._require_session(key)
         rows.reverse()

@@ -9,13 +9,13 @@ from typing import Any
 import sqlalchemy as sa
 
 from memorm.errors import NotFoundError, ValidationError
-from memorm.models import Agent, ArchivalPassage
+from memorm.models import AGENTS, PASSAGES, ArchivalPassage
 from memorm.repositories.base import Repository
 from memorm.validation import as_uuid, check_json_object, check_text, check_vector
 
 __all__ = ["PassageRepository"]
 
-_PASSAGES = ArchivalPassage.__table__
+_PASSAGES = PASSAGES
 
 
 class PassageRepository(Repository):
@@ -48,7 +48,7 @@ class PassageRepository(Repository):
             embedding_dim=len(vector),
             meta=check_json_object(meta, "meta"),
         )
-        if await self._scalar(sa.select(Agent.id).where(Agent.id == key)) is None:
+        if await self._scalar(sa.select(AGENTS.c.id).where(AGENTS.c.id == key)) is None:
             raise NotFoundError(f"no agent {key}")
         stored_dim = await self._scalar(
             sa.select(_PASSAGES.c.embedding_dim)
@@ -68,7 +68,7 @@ class PassageRepository(Repository):
         """The passage with this id; ``NotFoundError`` if there is none."""
         key = as_uuid(passage_id, "passage_id")
         passage: ArchivalPassage | None = await self._scalar(
-            sa.select(ArchivalPassage).where(ArchivalPassage.id == key)
+            sa.select(ArchivalPassage).where(_PASSAGES.c.id == key)
         )
         if passage is None:
             raise NotFoundError(f"no passage {key}")

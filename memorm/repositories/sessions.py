@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from memorm.errors import NotFoundError
-from memorm.models import Agent, Session
+from memorm.models import AGENTS, SESSIONS, Session
 from memorm.page import Page
 from memorm.repositories.base import Repository
 from memorm.validation import as_uuid, check_json_object, check_text
@@ -34,7 +34,7 @@ class SessionRepository(Repository):
             title=check_text(title, "title", optional=True),
             meta=check_json_object(meta, "meta"),
         )
-        if await self._scalar(sa.select(Agent.id).where(Agent.id == key)) is None:
+        if await self._scalar(sa.select(AGENTS.c.id).where(AGENTS.c.id == key)) is None:
             raise NotFoundError(f"no agent {key}")
         async with self._savepoint():  # the agent may vanish meanwhile: FK -> NotFoundError
             self.session.add(chat)
@@ -44,7 +44,7 @@ class SessionRepository(Repository):
     async def get(self, session_id: uuid.UUID | str) -> Session:
         """The session with this id; ``NotFoundError`` if there is none."""
         key = as_uuid(session_id, "session_id")
-        chat: Session | None = await self._scalar(sa.select(Session).where(Session.id == key))
+        chat: Session | None = await self._scalar(sa.select(Session).where(SESSIONS.c.id == key))
         if chat is None:
             raise NotFoundError(f"no session {key}")
         return chat
@@ -52,14 +52,18 @@ class SessionRepository(Repository):
     async def list(self, agent_id: uuid.UUID | str, *, limit: int = 50, offset: int = 0) -> Page[Session]:
         """The agent's sessions, oldest first."""
         key = as_uuid(agent_id, "agent_id")
-        query = sa.select(Session).where(Session.agent_id == key).order_by(Session.created_at, Session.id)
+        query = (
+            sa.select(Session)
+            .where(SESSIONS.c.agent_id == key)
+            .order_by(SESSIONS.c.created_at, SESSIONS.c.id)
+        )
         return await self._page(query, limit=limit, offset=offset)
 
     async def delete(self, session_id: uuid.UUID | str) -> None:
         """Delete the session and its messages."""
         key = as_uuid(session_id, "session_id")
         result = await self._execute(
-            sa.delete(Session).where(Session.id == key).execution_options(synchronize_session=False)  # type: ignore[arg-type]
+            sa.delete(Session).where(SESSIONS.c.id == key).execution_options(synchronize_session=False)
         )
         if result.rowcount == 0:  # type: ignore[attr-defined]
             raise NotFoundError(f"no session {key}")

@@ -1,0 +1,60 @@
+"""Developer sessions: ``nox -s tests lint migrations bench demo``.
+
+Dependencies come from ``[dependency-groups]`` in pyproject.toml.  The Postgres
+URL comes from ``MEMORM_TEST_POSTGRES_URL`` (default: the local server's
+``test`` database), as in the test suite.
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.sessions = ["tests", "lint", "migrations"]
+nox.options.reuse_existing_virtualenvs = True
+
+POSTGRES_URL = os.environ.get("MEMORM_TEST_POSTGRES_URL", "postgresql+asyncpg://root@127.0.0.1:5432/test")
+
+
+def install(session: nox.Session, *groups: str) -> None:
+    session.install("-U", "pip")
+    session.install("-e", ".", *(f"--group={group}" for group in groups))
+
+
+@nox.session
+@nox.parametrize("engine", ["sqlite", "postgres"])
+def tests(session: nox.Session, engine: str) -> None:
+    """The test suite on one engine (``nox -s tests``runs both)."""
+    install(session, "test")
+    session.run("pytest", "-m", engine, *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff (lint and format) and mypy --strict on memorm/."""
+    install(session, "lint")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("mypy", "--strict", "memorm")
+
+
+@nox.session
+def migrations(session: nox.Session) -> None:
+    """alembic upgrade / check / downgrade / upgrade on both engines, from the command line."""
+    install(session)
+    session.run("python", "-m", "tests.tools.migration_roundtrip", POSTGRES_URL)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks against the raw drivers, both engines (``-- --engine sqlite`` for one)."""
+    install(session)
+    session.run("python", "-m", "benchmarks.run", *session.posargs)
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The README's demo on the embedded SQLite default."""
+    install(session)
+    session.run("memorm", "demo", *session.posargs)
