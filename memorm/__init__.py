@@ -24,6 +24,7 @@ from memorm.errors import (
 )
 from memorm.models import Agent, ArchivalPassage, Message, Session, metadata
 from memorm.page import Page
+from memorm.search import fts_ddl as _fts_ddl  # noqa: F401  (full-text DDL for create_all)
 from memorm.uow import UnitOfWork
 
 __all__ = [

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from memorm.config import resolve_url
 from memorm.errors import DatabaseError, MemormError, SchemaError
+from memorm.tokens import TokenCounter, estimate_tokens
 from memorm.translate import translate
 from memorm.types.json import dumps, loads
 
@@ -41,6 +42,8 @@ class Database:
         url: ``sqlite+aiosqlite:///file.db`` or ``postgresql+asyncpg://…`` (plain
             ``sqlite:///`` and ``postgresql://`` are mapped to those drivers).
             Defaults to ``MEMORM_DATABASE_URL``, else ``sqlite+aiosqlite:///memorm.db``.
+        token_counter: estimates ``token_count`` for messages stored without
+            one (default :func:`memorm.tokens.estimate_tokens`).
         **engine_options: passed to SQLAlchemy's ``create_async_engine``
             (``pool_size``, ``max_overflow``, ``connect_args``, ``echo``…).
 
@@ -52,8 +55,15 @@ class Database:
                 agent = await uow.agents.create("sam")
     """
 
-    def __init__(self, url: str | URL | None = None, **engine_options: Any) -> None:
+    def __init__(
+        self,
+        url: str | URL | None = None,
+        *,
+        token_counter: TokenCounter = estimate_tokens,
+        **engine_options: Any,
+    ) -> None:
         self.url = resolve_url(url)
+        self.token_counter = token_counter
         options: dict[str, Any] = {"json_serializer": dumps, "json_deserializer": loads}
         if self.url.get_backend_name() == "postgresql":
             options["pool_pre_ping"] = True

@@ -24,6 +24,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 
 from memorm.models import metadata
+from memorm.search.fts_ddl import is_fts_object
 
 if TYPE_CHECKING:
     from memorm.db import Database
@@ -129,11 +130,17 @@ async def current_revision(db: Database) -> str | None:
     return revision
 
 
+def include_name(name: str | None, type_: str, parent_names: Any) -> bool:
+    """Autogenerate's filter: the full-text indexes are managed outside the models."""
+    return not is_fts_object(name)
+
+
 def _configure(context: EnvironmentContext, **options: Any) -> None:
     context.configure(
         target_metadata=metadata,
         render_as_batch=True,
         compare_type=True,
+        include_name=include_name,
         **options,
     )
 

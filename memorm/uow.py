@@ -62,7 +62,7 @@ class UnitOfWork:
         self.session = self.db.new_session(read_only=self.read_only)
         self.agents = AgentRepository(self.session)
         self.sessions = SessionRepository(self.session)
-        self.messages = MessageRepository(self.session)
+        self.messages = MessageRepository(self.session, token_counter=self.db.token_counter)
         self.passages = PassageRepository(self.session)
         self._open = True
         return self

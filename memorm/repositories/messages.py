@@ -1,123 +1,214 @@
-"""``uow.messages``: the chat log (recall memory)."""
+"""``uow.messages``: the chat log (recall memory).
+
+A session's messages are ordered by ``seq``.  Appends take numbers from the
+session's ``next_seq`` counter (gap-free); :meth:`MessageRepository.prepend`
+and :meth:`MessageRepository.replace_system` take numbers below the lowest one,
+so no existing row is renumbered.  The *system message* is the session's first
+message when its role is ``system``; context windows pin it, trims keep it and
+prepends go right after it.
+
+Tool calls travel in blocks: an assistant message with ``tool_calls`` followed
+by the ``tool`` messages answering it.  Trims and context windows cut only
+between blocks, never inside one.
+"""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
+from datetime import date, datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.sql import ColumnElement
 
 from memorm.bulk import insert_rows
 from memorm.errors import NotFoundError, ValidationError
-from memorm.ids import uuid7
-from memorm.models import MESSAGES, ROLES, SESSIONS, Message, hydrate
+from memorm.models import AGENTS, MESSAGES, SESSIONS, Message, hydrate
+from memorm.page import Page
 from memorm.repositories.base import Repository
-from memorm.types import utcnow
-from memorm.validation import (
-    as_uuid,
-    check_aware,
-    check_json,
-    check_json_object,
-    check_limit,
-    check_text,
+from memorm.repositories.message_input import (
+    MessageInput,
+    as_instant,
+    check_batch,
+    check_int,
+    check_message,
+    check_roles,
 )
+from memorm.search.fts_ddl import MESSAGES_FTS
+from memorm.search.text import search_page
+from memorm.tokens import TokenCounter, estimate_tokens
+from memorm.types import utcnow
+from memorm.validation import as_uuid, check_limit, check_text
 
 __all__ = ["MessageRepository"]
 
-_MESSAGES = MESSAGES
-_SESSIONS = SESSIONS
-_COLUMNS = tuple(column.name for column in _MESSAGES.columns)
-# What a caller may give for a message; the rest is assigned by append().
-_GIVEN = ("id", "created_at", "meta", "role", "content", "name", "tool_calls", "tool_call_id", "token_count")
-_ROLES = frozenset(ROLES)
-
-MessageInput = Message | Mapping[str, Any]
-
-
-def _check_message(item: object, index: int) -> dict[str, Any]:
-    """The checked column values of one input message (a ``Message`` or a dict)."""
-    where = f"messages[{index}]"
-    given: Mapping[str, Any]
-    if isinstance(item, Message):
-        given = item.__dict__  # plain reads: no instrumentation on the hot path
-    elif isinstance(item, Mapping):
-        unknown = set(item) - set(_GIVEN)
-        if unknown:
-            raise ValidationError(f"{where}: unknown fields {', '.join(sorted(map(str, unknown)))}")
-        given = item
-    else:
-        raise ValidationError(f"{where}: expected a Message or a dict, got {type(item).__name__}")
-    role = given.get("role")
-    if role not in _ROLES:
-        raise ValidationError(f"{where}.role: {role!r} is not one of {', '.join(ROLES)}")
-    tool_calls = given.get("tool_calls")
-    if tool_calls is not None:
-        if not isinstance(tool_calls, list):
-            raise ValidationError(f"{where}.tool_calls: expected a list of dicts")
-        check_json(tool_calls, f"{where}.tool_calls")
-    tokens = given.get("token_count")
-    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0):
-        raise ValidationError(f"{where}.token_count: expected a non-negative integer")
-    message_id = given.get("id")
-    created_at = given.get("created_at")
-    meta = given.get("meta")
-    return {
-        "id": uuid7() if message_id is None else as_uuid(message_id, f"{where}.id"),
-        "created_at": None if created_at is None else check_aware(created_at, f"{where}.created_at"),
-        "meta": {} if not meta else check_json_object(meta, f"{where}.meta"),
-        "role": role,
-        "content": check_text(given.get("content", ""), f"{where}.content"),
-        "name": check_text(given.get("name"), f"{where}.name", optional=True),
-        "tool_calls": tool_calls,
-        "tool_call_id": check_text(given.get("tool_call_id"), f"{where}.tool_call_id", optional=True),
-        "token_count": tokens,
-    }
+_COLUMNS = tuple(column.name for column in MESSAGES.columns)
+_SCAN_CHUNK = 256  # context(): rows of (seq, role, tokens) read per step, growing 4x
 
 
 class MessageRepository(Repository):
     """Messages of a session, ordered by ``seq``."""
+
+    def __init__(self, session: AsyncSession, *, token_counter: TokenCounter = estimate_tokens) -> None:
+        super().__init__(session)
+        self.token_counter = token_counter
+
+    # -- writing ------------------------------------------------------------
 
     async def append(
         self, session_id: uuid.UUID | str, messages: MessageInput | Sequence[MessageInput]
     ) -> list[Message]:
         """Append one message or a batch to the session, atomically.
 
-        Messages are ``Message`` objects or dicts with the same fields.  Sequence
-        numbers are allocated by the database (one ``UPDATE … RETURNING`` on the
-        session's counter), so concurrent appenders never collide or leave gaps.
+        Messages are ``Message`` objects or dicts with the same fields; an
+        assistant message with ``tool_calls`` and the ``tool`` messages answering
+        it can come in one batch.  Sequence numbers come from the database (one
+        ``UPDATE … RETURNING`` on the session's counter), so concurrent
+        appenders never collide or leave gaps.  ``token_count`` is kept when
+        given, else estimated by the database's token counter.
+
         Returns the stored messages in order; ``Message`` inputs are those same
         objects, filled in (``seq``, ``session_id``, ``agent_id``, timestamps).
         """
         key = as_uuid(session_id, "session_id")
-        batch = [messages] if isinstance(messages, (Message, Mapping)) else list(messages)
-        rows = [_check_message(item, index) for index, item in enumerate(batch)]
-        now = utcnow()
-        allocated = (
+        batch, rows = check_batch(messages)
+        if not rows:
+            await self._lock_session(key)
+            return []
+        agent_id, end = await self._allocate(key, len(rows))
+        return await self._store(key, agent_id, batch, rows, first_seq=end - len(rows))
+
+    async def prepend(
+        self, session_id: uuid.UUID | str, messages: MessageInput | Sequence[MessageInput]
+    ) -> list[Message]:
+        """Insert messages right after the system message (or first, if there is none).
+
+        For a summary of trimmed history, say.  The new messages take sequence
+        numbers below the current ones (the system message moves down one
+        block), so no other row is rewritten.
+        """
+        key = as_uuid(session_id, "session_id")
+        batch, rows = check_batch(messages)
+        agent_id, _ = await self._lock_session(key)
+        if not rows:
+            return []
+        head = await self._head(key)
+        if head is None:
+            agent_id, end = await self._allocate(key, len(rows))
+            return await self._store(key, agent_id, batch, rows, first_seq=end - len(rows))
+        head_seq, head_role = head
+        if head_role == "system":
+            # The system message moves below the new block: one row updated.
+            new_system_seq = head_seq - len(rows)
             await self._execute(
-                sa.update(_SESSIONS)
-                .where(_SESSIONS.c.id == key)
-                .values(next_seq=_SESSIONS.c.next_seq + len(rows), updated_at=now)
-                .returning(_SESSIONS.c.agent_id, _SESSIONS.c.next_seq)
+                sa.update(MESSAGES)
+                .where(MESSAGES.c.session_id == key, MESSAGES.c.seq == head_seq)
+                .values(seq=new_system_seq)
             )
-        ).first()
-        if allocated is None:
-            raise NotFoundError(f"no session {key}")
-        agent_id, end = tuple(allocated)
-        seq = end - len(rows)
-        stored: list[Message] = []
-        for item, row in zip(batch, rows, strict=True):
-            row.update(session_id=key, agent_id=agent_id, seq=seq, updated_at=now)
-            if row["created_at"] is None:
-                row["created_at"] = now
-            seq += 1
-            if isinstance(item, Message):
-                item.__dict__.update(row)  # transient object: plain writes are enough
-                stored.append(item)
-            else:
-                stored.append(hydrate(Message, row))
-        await insert_rows(self.session, _MESSAGES, _COLUMNS, [[row[c] for c in _COLUMNS] for row in rows])
-        return stored
+            first = new_system_seq + 1
+        else:
+            first = head_seq - len(rows)
+        return await self._store(key, agent_id, batch, rows, first_seq=first)
+
+    async def replace_system(self, session_id: uuid.UUID | str, content: str) -> Message:
+        """Swap the system message's content, or create the system message if there is none."""
+        key = as_uuid(session_id, "session_id")
+        row = check_message({"role": "system", "content": content}, 0)
+        row["content"] = check_text(content, "content")
+        agent_id, _ = await self._lock_session(key)
+        head = await self._head(key)
+        if head is not None and head[1] == "system":
+            now = utcnow()
+            tokens = self.token_counter(row)
+            await self._execute(
+                sa.update(MESSAGES)
+                .where(MESSAGES.c.session_id == key, MESSAGES.c.seq == head[0])
+                .values(content=row["content"], token_count=tokens, updated_at=now)
+            )
+            return (await self._select(MESSAGES.c.session_id == key, MESSAGES.c.seq == head[0]))[0]
+        if head is None:
+            agent_id, end = await self._allocate(key, 1)
+            first = end - 1
+        else:
+            first = head[0] - 1
+        return (await self._store(key, agent_id, [row], [row], first_seq=first))[0]
+
+    async def trim(self, session_id: uuid.UUID | str, *, keep_last: int) -> int:
+        """Delete the oldest messages, keeping the system message and the newest ``keep_last``.
+
+        The cut never falls inside a tool-call block: when the oldest kept
+        message would be a ``tool`` answer, the cut moves forward past the
+        block's answers, so at most ``keep_last`` messages remain besides the
+        system message.  Returns how many messages were deleted.
+        """
+        key = as_uuid(session_id, "session_id")
+        keep = check_int(keep_last, "keep_last", minimum=0)
+        await self._lock_session(key)
+        head = await self._head(key)
+        system_seq = head[0] if head is not None and head[1] == "system" else None
+        body = [MESSAGES.c.session_id == key]
+        if system_seq is not None:
+            body.append(MESSAGES.c.seq != system_seq)
+        if keep == 0:
+            cut = None  # everything but the system message goes
+        else:
+            cut = await self._scalar(
+                sa.select(MESSAGES.c.seq)
+                .where(*body)
+                .order_by(MESSAGES.c.seq.desc())
+                .offset(keep - 1)
+                .limit(1)
+            )
+            if cut is None:
+                return 0  # fewer than keep_last messages
+            # Move the cut past tool answers whose call would be deleted.
+            cut = await self._scalar(
+                sa.select(sa.func.min(MESSAGES.c.seq)).where(
+                    *body, MESSAGES.c.seq >= cut, MESSAGES.c.role != "tool"
+                )
+            )
+        doomed = sa.delete(MESSAGES).where(*body)
+        if cut is not None:
+            doomed = doomed.where(MESSAGES.c.seq < cut)
+        result = await self._execute(doomed)
+        return int(result.rowcount)  # type: ignore[attr-defined]
+
+    async def delete(self, message_id: uuid.UUID | str) -> None:
+        """Delete one message."""
+        key = as_uuid(message_id, "message_id")
+        result = await self._execute(sa.delete(MESSAGES).where(MESSAGES.c.id == key))
+        if result.rowcount == 0:  # type: ignore[attr-defined]
+            raise NotFoundError(f"no message {key}")
+
+    async def delete_after(self, session_id: uuid.UUID | str, seq: int) -> int:
+        """Delete every message after ``seq`` (rewinding a crashed step); returns how many.
+
+        The session's counter rewinds too, so the next append continues at ``seq + 1``.
+        """
+        key = as_uuid(session_id, "session_id")
+        after = check_int(seq, "seq")
+        await self._lock_session(key)
+        result = await self._execute(
+            sa.delete(MESSAGES).where(MESSAGES.c.session_id == key, MESSAGES.c.seq > after)
+        )
+        await self._execute(
+            sa.update(SESSIONS)
+            .where(SESSIONS.c.id == key, SESSIONS.c.next_seq > after + 1)
+            .values(next_seq=after + 1)
+        )
+        return int(result.rowcount)  # type: ignore[attr-defined]
+
+    # -- reading ------------------------------------------------------------
+
+    async def get(self, message_id: uuid.UUID | str) -> Message:
+        """The message with this id; ``NotFoundError`` if there is none."""
+        key = as_uuid(message_id, "message_id")
+        found = await self._select(MESSAGES.c.id == key)
+        if not found:
+            raise NotFoundError(f"no message {key}")
+        return found[0]
 
     async def window(
         self,
@@ -125,33 +216,243 @@ class MessageRepository(Repository):
         *,
         limit: int = 50,
         before_seq: int | None = None,
+        after_seq: int | None = None,
+        roles: Iterable[str] | None = None,
     ) -> list[Message]:
-        """The newest ``limit`` messages (before ``before_seq`` if given), oldest first."""
+        """Up to ``limit`` messages, oldest first.
+
+        With neither cursor: the newest ``limit``.  ``before_seq``: the last
+        ``limit`` before it (paging back).  ``after_seq``: the first ``limit``
+        after it (paging forward).  ``roles`` keeps only those roles.
+        """
         key = as_uuid(session_id, "session_id")
         check_limit(limit)
-        query = sa.select(Message).where(_MESSAGES.c.session_id == key)
-        if before_seq is not None:
-            query = query.where(_MESSAGES.c.seq < _check_seq(before_seq, "before_seq"))
-        rows = list((await self._execute(query.order_by(_MESSAGES.c.seq.desc()).limit(limit))).scalars())
+        wanted = check_roles(roles)
+        if before_seq is not None and after_seq is not None:
+            raise ValidationError("window: give before_seq or after_seq, not both")
+        where: list[ColumnElement[bool]] = [MESSAGES.c.session_id == key]
+        if wanted is not None:
+            where.append(MESSAGES.c.role.in_(wanted))
+        if after_seq is not None:
+            where.append(MESSAGES.c.seq > check_int(after_seq, "after_seq"))
+            rows = await self._select(*where, order=MESSAGES.c.seq, limit=limit)
+        else:
+            if before_seq is not None:
+                where.append(MESSAGES.c.seq < check_int(before_seq, "before_seq"))
+            rows = await self._select(*where, order=MESSAGES.c.seq.desc(), limit=limit)
+            rows.reverse()
         if not rows:
             await self._require_session(key)
-        rows.reverse()
         return rows
 
-    async def count(self, session_id: uuid.UUID | str) -> int:
-        """How many messages the session holds."""
+    async def context(
+        self, session_id: uuid.UUID | str, *, max_tokens: int, pinned_system: bool = True
+    ) -> list[Message]:
+        """The messages to send a model: the system message plus the newest that fit ``max_tokens``.
+
+        Chronological.  The system message's tokens count against the budget
+        (with ``pinned_system=False`` it is an ordinary message).  The window
+        never starts with a ``tool`` answer whose call was cut off.  Reads only
+        ``(seq, role, token_count)`` until the cut is known, then the rows kept.
+        """
         key = as_uuid(session_id, "session_id")
-        total = await self._scalar(sa.select(sa.func.count()).where(_MESSAGES.c.session_id == key))
+        budget = check_int(max_tokens, "max_tokens", minimum=1)
+        await self._require_session(key)
+        system: Message | None = None
+        where: list[ColumnElement[bool]] = [MESSAGES.c.session_id == key]
+        if pinned_system:
+            head = await self._select(*where, order=MESSAGES.c.seq, limit=1)
+            if head and head[0].role == "system":
+                system = head[0]
+                budget -= system.token_count or 0
+                where.append(MESSAGES.c.seq > system.seq)
+        kept = await self._newest_within(where, budget)
+        while kept and kept[-1][1] == "tool":  # oldest kept is an answer whose call is cut off
+            kept.pop()
+        if not kept:
+            return [system] if system is not None else []
+        # Bounded on both sides: rows appended meanwhile must not stretch the budget.
+        span = (MESSAGES.c.seq >= kept[-1][0], MESSAGES.c.seq <= kept[0][0])
+        body = await self._select(*where, *span, order=MESSAGES.c.seq)
+        return [system, *body] if system is not None else body
+
+    async def _newest_within(self, where: list[ColumnElement[bool]], budget: int) -> list[tuple[int, str]]:
+        """``(seq, role)`` of the newest messages whose tokens add up to at most ``budget``, newest first."""
+        tokens = sa.func.coalesce(MESSAGES.c.token_count, sa.func.length(MESSAGES.c.content) / 4 + 4)
+        kept: list[tuple[int, str]] = []
+        used, cursor, chunk = 0, None, _SCAN_CHUNK
+        while budget > used:
+            query = sa.select(MESSAGES.c.seq, MESSAGES.c.role, tokens).where(*where)
+            if cursor is not None:
+                query = query.where(MESSAGES.c.seq < cursor)
+            rows = (await self._execute(query.order_by(MESSAGES.c.seq.desc()).limit(chunk))).all()
+            for seq, role, cost in (tuple(row) for row in rows):
+                used += int(cost)
+                if used > budget:
+                    return kept
+                kept.append((seq, role))
+            if len(rows) < chunk:
+                break
+            cursor, chunk = rows[-1][0], chunk * 4
+        return kept
+
+    async def count(self, session_id: uuid.UUID | str, *, roles: Iterable[str] | None = None) -> int:
+        """How many messages the session holds (of these roles, if given)."""
+        key = as_uuid(session_id, "session_id")
+        wanted = check_roles(roles)
+        query = sa.select(sa.func.count()).where(MESSAGES.c.session_id == key)
+        if wanted is not None:
+            query = query.where(MESSAGES.c.role.in_(wanted))
+        total = int(await self._scalar(query) or 0)
         if not total:
             await self._require_session(key)
-        return int(total or 0)
+        return total
+
+    async def search(
+        self,
+        agent_id: uuid.UUID | str,
+        query: str,
+        *,
+        session_id: uuid.UUID | str | None = None,
+        roles: Iterable[str] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+    ) -> Page[Message]:
+        """Full-text search of the agent's messages (all words must match).
+
+        Ordered by relevance, then newest first, then id; ``total`` counts every
+        match.  Any string is safe: FTS operators and SQL are searched as words.
+        """
+        text = check_text(query, "query") or ""
+        where = await self._scope(agent_id, session_id, roles)
+        return await search_page(
+            self.session, MESSAGES_FTS, text, entity=Message, where=where, limit=limit, offset=offset
+        )
+
+    async def between(
+        self,
+        agent_id: uuid.UUID | str,
+        start: datetime | date,
+        end: datetime | date,
+        *,
+        session_id: uuid.UUID | str | None = None,
+        roles: Iterable[str] | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> Page[Message]:
+        """The agent's messages created from ``start`` to ``end``, chronological.
+
+        Datetimes are inclusive bounds; a date ``end`` includes that whole day (UTC).
+        """
+        lower, _ = as_instant(start, "start", end=False)
+        upper, inclusive = as_instant(end, "end", end=True)
+        where = await self._scope(agent_id, session_id, roles)
+        where.append(MESSAGES.c.created_at >= lower)
+        where.append(MESSAGES.c.created_at <= upper if inclusive else MESSAGES.c.created_at < upper)
+        query = (
+            sa.select(Message)
+            .where(*where)
+            .order_by(MESSAGES.c.created_at, MESSAGES.c.id)
+            .execution_options(populate_existing=True)
+        )
+        return await self._page(query, limit=limit, offset=offset)
+
+    # -- helpers ------------------------------------------------------------
+
+    async def _scope(
+        self,
+        agent_id: uuid.UUID | str,
+        session_id: uuid.UUID | str | None,
+        roles: Iterable[str] | None,
+    ) -> list[ColumnElement[bool]]:
+        """Filters for one agent (and one of its sessions); NotFoundError for unknown ids."""
+        agent = as_uuid(agent_id, "agent_id")
+        wanted = check_roles(roles)
+        where: list[ColumnElement[bool]] = [MESSAGES.c.agent_id == agent]
+        if session_id is not None:
+            chat = as_uuid(session_id, "session_id")
+            owner = await self._scalar(sa.select(SESSIONS.c.agent_id).where(SESSIONS.c.id == chat))
+            if owner != agent:
+                raise NotFoundError(f"no session {chat} for agent {agent}")
+            where.append(MESSAGES.c.session_id == chat)
+        elif await self._scalar(sa.select(AGENTS.c.id).where(AGENTS.c.id == agent)) is None:
+            raise NotFoundError(f"no agent {agent}")
+        if wanted is not None:
+            where.append(MESSAGES.c.role.in_(wanted))
+        return where
+
+    async def _select(
+        self, *where: ColumnElement[bool], order: Any = None, limit: int | None = None
+    ) -> list[Message]:
+        # populate_existing: Core UPDATEs (prepend moves the system message) bypass
+        # the identity map, so loaded rows must overwrite what it holds.
+        query = sa.select(Message).where(*where).execution_options(populate_existing=True)
+        if order is not None:
+            query = query.order_by(order)
+        if limit is not None:
+            query = query.limit(limit)
+        return list((await self._execute(query)).scalars())
+
+    async def _allocate(self, key: uuid.UUID, count: int) -> tuple[uuid.UUID, int]:
+        """Take ``count`` numbers from the session's counter; returns (agent_id, new next_seq)."""
+        allocated = (
+            await self._execute(
+                sa.update(SESSIONS)
+                .where(SESSIONS.c.id == key)
+                .values(next_seq=SESSIONS.c.next_seq + count, updated_at=utcnow())
+                .returning(SESSIONS.c.agent_id, SESSIONS.c.next_seq)
+            )
+        ).first()
+        if allocated is None:
+            raise NotFoundError(f"no session {key}")
+        values: tuple[Any, ...] = tuple(allocated)
+        return values[0], values[1]
+
+    async def _lock_session(self, key: uuid.UUID) -> tuple[uuid.UUID, int]:
+        """Lock the session row (as appends do) for a multi-statement edit."""
+        return await self._allocate(key, 0)
+
+    async def _head(self, key: uuid.UUID) -> tuple[int, str] | None:
+        """``(seq, role)`` of the session's first message."""
+        row = (
+            await self._execute(
+                sa.select(MESSAGES.c.seq, MESSAGES.c.role)
+                .where(MESSAGES.c.session_id == key)
+                .order_by(MESSAGES.c.seq)
+                .limit(1)
+            )
+        ).first()
+        if row is None:
+            return None
+        seq, role = tuple(row)
+        return seq, role
+
+    async def _store(
+        self,
+        key: uuid.UUID,
+        agent_id: uuid.UUID,
+        batch: Sequence[MessageInput],
+        rows: list[dict[str, Any]],
+        *,
+        first_seq: int,
+    ) -> list[Message]:
+        """Number, complete and insert checked rows; returns them as ``Message`` objects."""
+        now = utcnow()
+        stored: list[Message] = []
+        for seq, (item, row) in enumerate(zip(batch, rows, strict=True), start=first_seq):
+            row.update(session_id=key, agent_id=agent_id, seq=seq, updated_at=now)
+            if row["created_at"] is None:
+                row["created_at"] = now
+            if row["token_count"] is None:
+                row["token_count"] = self.token_counter(row)
+            if isinstance(item, Message):
+                item.__dict__.update(row)  # transient object: plain writes are enough
+                stored.append(item)
+            else:
+                stored.append(hydrate(Message, row))
+        await insert_rows(self.session, MESSAGES, _COLUMNS, [[row[c] for c in _COLUMNS] for row in rows])
+        return stored
 
     async def _require_session(self, key: uuid.UUID) -> None:
-        if await self._scalar(sa.select(_SESSIONS.c.id).where(_SESSIONS.c.id == key)) is None:
+        if await self._scalar(sa.select(SESSIONS.c.id).where(SESSIONS.c.id == key)) is None:
             raise NotFoundError(f"no session {key}")
-
-
-def _check_seq(value: object, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValidationError(f"{field}: expected an integer sequence number, got {value!r}")
-    return value

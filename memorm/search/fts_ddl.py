@@ -1,0 +1,110 @@
+"""DDL of the full-text indexes, attached to the metadata for ``create_all``.
+
+The indexes are not model columns: FTS5 virtual tables exist only on SQLite,
+and the GIN expression indexes only on Postgres.  Migration 0002 creates the
+same objects (its own frozen copy of these statements); autogenerate ignores
+them (:func:`is_fts_object`).
+
+* SQLite: an external-content FTS5 table per indexed table, keyed on the
+  source row's ``rowid`` and kept in sync by triggers (insert, delete —
+  including cascades — and updates of the text).
+* Postgres: a GIN index on ``to_tsvector('simple', text)``; queries use the
+  same expression, so the index stays in sync by itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from memorm.models import MESSAGES, PASSAGES
+
+__all__ = ["FTS_INDEXES", "FullTextIndex", "is_fts_object"]
+
+TOKENIZER = "unicode61 remove_diacritics 0"
+TS_CONFIG = "simple"  # no stemming or stop words: the same matches as FTS5's unicode61
+
+
+@dataclass(frozen=True)
+class FullTextIndex:
+    """The full-text index over one text column."""
+
+    table: sa.Table
+    column: str
+
+    @property
+    def fts_table(self) -> str:
+        """The FTS5 table's name (SQLite)."""
+        return f"{self.table.name}_fts"
+
+    @property
+    def gin_index(self) -> str:
+        """The GIN index's name (Postgres)."""
+        return f"ix_{self.table.name}_{self.column}_fts"
+
+    def sqlite_create(self) -> list[str]:
+        t, c, f = self.table.name, self.column, self.fts_table
+        old = f"INSERT INTO {f}({f}, rowid, {c}) VALUES ('delete', old.rowid, old.{c});"
+        new = f"INSERT INTO {f}(rowid, {c}) VALUES (new.rowid, new.{c});"
+        return [
+            f"CREATE VIRTUAL TABLE {f} USING fts5({c}, content='{t}', content_rowid='rowid', "
+            f"tokenize='{TOKENIZER}')",
+            f"CREATE TRIGGER {f}_ai AFTER INSERT ON {t} BEGIN {new} END",
+            f"CREATE TRIGGER {f}_ad AFTER DELETE ON {t} BEGIN {old} END",
+            f"CREATE TRIGGER {f}_au AFTER UPDATE OF {c} ON {t} BEGIN {old} {new} END",
+            f"INSERT INTO {f}({f}) VALUES ('rebuild')",
+        ]
+
+    def sqlite_drop(self) -> list[str]:
+        f = self.fts_table
+        return [f"DROP TRIGGER IF EXISTS {f}_{event}" for event in ("ai", "ad", "au")] + [
+            f"DROP TABLE IF EXISTS {f}"
+        ]
+
+    def postgres_create(self) -> list[str]:
+        return [
+            f"CREATE INDEX {self.gin_index} ON {self.table.name} "
+            f"USING gin (to_tsvector('{TS_CONFIG}'::regconfig, {self.column}))"
+        ]
+
+    def postgres_drop(self) -> list[str]:
+        return [f"DROP INDEX IF EXISTS {self.gin_index}"]
+
+
+MESSAGES_FTS = FullTextIndex(MESSAGES, "content")
+PASSAGES_FTS = FullTextIndex(PASSAGES, "text")
+FTS_INDEXES = (MESSAGES_FTS, PASSAGES_FTS)
+
+_SHADOW_SUFFIXES = ("", "_data", "_idx", "_docsize", "_config", "_content")
+
+
+def is_fts_object(name: str | None) -> bool:
+    """Whether ``name`` is one of the full-text objects (for autogenerate to skip)."""
+    if name is None:
+        return False
+    for index in FTS_INDEXES:
+        if name == index.gin_index or any(name == index.fts_table + s for s in _SHADOW_SUFFIXES):
+            return True
+    return False
+
+
+def _attach(index: FullTextIndex) -> None:
+    def create(target: sa.Table, connection: sa.Connection, **_: object) -> None:
+        dialect = connection.dialect.name
+        statements = index.sqlite_create() if dialect == "sqlite" else index.postgres_create()
+        for statement in statements:
+            connection.exec_driver_sql(statement)
+
+    def drop(target: sa.Table, connection: sa.Connection, **_: object) -> None:
+        dialect = connection.dialect.name
+        statements = index.sqlite_drop() if dialect == "sqlite" else index.postgres_drop()
+        for statement in statements:
+            connection.exec_driver_sql(statement)
+
+    sa.event.listen(index.table, "after_create", create)
+    sa.event.listen(index.table, "before_drop", drop)
+
+
+for _index in FTS_INDEXES:
+    _attach(_index)

@@ -1,0 +1,79 @@
+"""Full-text search: one function, FTS5 on SQLite and ``tsvector`` on Postgres.
+
+Results are ordered by relevance (FTS5's ``bm25``; Postgres' ``ts_rank``),
+then newest first, then by id, so equal scores still page deterministically.
+``total`` counts every match under the same filters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.sql import ColumnElement, FromClause
+
+from memorm.page import Page
+from memorm.search.fts_ddl import TS_CONFIG, FullTextIndex
+from memorm.search.terms import query_terms
+from memorm.translate import translating
+from memorm.validation import check_limit
+
+__all__ = ["search_page"]
+
+T = TypeVar("T")
+
+
+def _sqlite(index: FullTextIndex, terms: list[str]) -> tuple[FromClause, ColumnElement[bool], Any]:
+    fts = sa.table(index.fts_table, sa.column("rowid"))
+    hidden: ColumnElement[Any] = sa.literal_column(index.fts_table)  # FTS5's column named after its table
+    # Every term double-quoted: an FTS5 string, never an operator or a column filter.
+    expression = " ".join(f'"{term}"' for term in terms)
+    source: ColumnElement[Any] = sa.literal_column(f"{index.table.name}.rowid")
+    joined = index.table.join(fts, fts.c.rowid == source)
+    return joined, hidden.op("MATCH")(sa.bindparam("fts_query", expression)), sa.func.bm25(hidden)
+
+
+def _postgres(index: FullTextIndex, terms: list[str]) -> tuple[FromClause, ColumnElement[bool], Any]:
+    # A literal, not a parameter: the expression must match the GIN index's.
+    config: ColumnElement[Any] = sa.literal_column(f"'{TS_CONFIG}'::regconfig")
+    document = sa.func.to_tsvector(config, index.table.c[index.column])
+    query = sa.func.plainto_tsquery(config, sa.bindparam("fts_query", " ".join(terms)))
+    # Normalisation 1 divides by 1 + log(length): shorter matches rank higher, as with bm25.
+    return index.table, document.op("@@")(query), -sa.func.ts_rank(document, query, 1)
+
+
+async def search_page(
+    session: AsyncSession,
+    index: FullTextIndex,
+    query: str,
+    *,
+    entity: type[T],
+    where: Sequence[ColumnElement[bool]],
+    limit: int,
+    offset: int,
+) -> Page[T]:
+    """One page of ``entity`` rows whose indexed text matches every word of ``query``."""
+    check_limit(limit, offset)
+    terms = query_terms(query)
+    if not terms:
+        return Page(items=[], total=0, limit=limit, offset=offset)
+    with translating():
+        dialect = (await session.connection()).dialect.name
+        build = _sqlite if dialect == "sqlite" else _postgres
+        source, match, rank = build(index, terms)
+        table = index.table
+        total = await session.scalar(sa.select(sa.func.count()).select_from(source).where(match, *where))
+        if not total or offset >= total:
+            return Page(items=[], total=int(total or 0), limit=limit, offset=offset)
+        found = await session.execute(
+            sa.select(entity)
+            .select_from(source)
+            .where(match, *where)
+            .order_by(rank, table.c.created_at.desc(), table.c.id.desc())
+            .execution_options(populate_existing=True)
+            .limit(limit)
+            .offset(offset)
+        )
+        return Page(items=list(found.scalars()), total=int(total), limit=limit, offset=offset)
