@@ -8,6 +8,7 @@ SQLSTATE codes (Postgres) and on SQLite's stable message prefixes.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -64,17 +65,30 @@ def _sqlstate(error: BaseException) -> str | None:
     return None
 
 
+def _is_driver_error(error: BaseException) -> bool:
+    """Raised by sqlite3/aiosqlite or asyncpg themselves (the bulk path talks to them directly)."""
+    return isinstance(error, sqlite3.Error) or type(error).__module__.startswith("asyncpg")
+
+
 def translate(error: BaseException) -> MemormError | None:
     """The memorm error for a driver/SQLAlchemy error, or None if it is not one."""
     if isinstance(error, MemormError):
         return error
     if isinstance(error, sa_exc.StatementError) and isinstance(error.orig, MemormError):
         return error.orig  # raised by one of our own bind processors
-    if not isinstance(error, sa_exc.DBAPIError):
-        if isinstance(error, sa_exc.TimeoutError):
-            return DatabaseError("no database connection became free in time (pool timeout)")
+    if isinstance(error, sa_exc.TimeoutError):
+        return DatabaseError("no database connection became free in time (pool timeout)")
+    if isinstance(error, sa_exc.DBAPIError):
+        orig: BaseException | None = error.orig
+        invalidated = error.connection_invalidated
+        integrity = isinstance(error, sa_exc.IntegrityError)
+    elif _is_driver_error(error):
+        orig, invalidated = error, False
+        integrity = isinstance(error, sqlite3.IntegrityError) or (_sqlstate(error) or "").startswith("23")
+    elif isinstance(error, (ConnectionError, OSError)) and not isinstance(error, FileNotFoundError):
+        return DatabaseError(f"cannot reach the database: {error}")
+    else:
         return None
-    orig = error.orig
     detail = str(orig).strip().splitlines()[0] if orig is not None else ""
     code = _sqlstate(orig) if orig is not None else None
     if code is not None:
@@ -85,9 +99,9 @@ def translate(error: BaseException) -> MemormError | None:
     for prefix, cls, message in _SQLITE_MESSAGES:
         if prefix in detail:
             return cls(f"{message}: {detail}")
-    if error.connection_invalidated:
+    if invalidated:
         return DatabaseError(f"the connection to the database was lost: {detail}")
-    if isinstance(error, sa_exc.IntegrityError):
+    if integrity:
         return ValidationError(f"the database rejected the write: {detail}")
     return DatabaseError(f"database error: {detail}")
 

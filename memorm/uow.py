@@ -49,6 +49,7 @@ class UnitOfWork:
     messages: MessageRepository
     passages: PassageRepository
     session: AsyncSession
+    _writer: anyio.Lock | None
 
     def __init__(self, db: Database, *, read_only: bool = False) -> None:
         self.db = db
@@ -59,6 +60,9 @@ class UnitOfWork:
         if self._open:
             raise RuntimeError("this unit of work is already open; make a new one per task")
         await self.db.check_schema()
+        self._writer = None if self.read_only else self.db.writer_lock
+        if self._writer is not None:
+            await self._writer.acquire()
         self.session = self.db.new_session(read_only=self.read_only)
         self.agents = AgentRepository(self.session)
         self.sessions = SessionRepository(self.session)
@@ -82,7 +86,11 @@ class UnitOfWork:
                     await self.rollback()
             finally:
                 self._open = False
-                await self.session.close()
+                try:
+                    await self.session.close()
+                finally:
+                    if self._writer is not None:
+                        self._writer.release()
 
     async def commit(self) -> None:
         """Commit what the repositories wrote so far; the unit of work stays usable."""
