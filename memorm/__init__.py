@@ -14,6 +14,7 @@ jsonb, full-text search, pgvector)::
 """
 
 from memorm.db import Database
+from memorm.embeddings import Embedder, HashingEmbedder
 from memorm.errors import (
     ConflictError,
     DatabaseError,
@@ -22,9 +23,10 @@ from memorm.errors import (
     SchemaError,
     ValidationError,
 )
-from memorm.models import Agent, ArchivalPassage, Message, Session, metadata
+from memorm.models import Agent, ArchivalPassage, EmbeddingModel, Message, Session, metadata
 from memorm.page import Page
 from memorm.search import fts_ddl as _fts_ddl  # noqa: F401  (full-text DDL for create_all)
+from memorm.search.vector import ScoredPassage
 from memorm.uow import UnitOfWork
 
 __all__ = [
@@ -33,11 +35,15 @@ __all__ = [
     "ConflictError",
     "Database",
     "DatabaseError",
+    "Embedder",
+    "EmbeddingModel",
+    "HashingEmbedder",
     "MemormError",
     "Message",
     "NotFoundError",
     "Page",
     "SchemaError",
+    "ScoredPassage",
     "Session",
     "UnitOfWork",
     "ValidationError",

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from memorm.config import resolve_url
 from memorm.errors import DatabaseError, MemormError, SchemaError
+from memorm.search.vector import VectorCache
 from memorm.tokens import TokenCounter, estimate_tokens
 from memorm.translate import translate
 from memorm.types.json import dumps, loads
@@ -64,9 +65,13 @@ class Database:
     ) -> None:
         self.url = resolve_url(url)
         self.token_counter = token_counter
-        options: dict[str, Any] = {"json_serializer": dumps, "json_deserializer": loads}
-        if self.url.get_backend_name() == "postgresql":
-            options["pool_pre_ping"] = True
+        options: dict[str, Any] = {
+            "json_serializer": dumps,
+            "json_deserializer": loads,
+            # A unit of work always ends its transaction itself; the pool's extra
+            # ROLLBACK on every check-in is a wasted round trip.
+            "pool_reset_on_return": None,
+        }
         options.update(engine_options)
         self.engine: AsyncEngine = create_async_engine(self.url, **options)
         self.sessions = async_sessionmaker(self.engine, expire_on_commit=False, autoflush=False)
@@ -83,6 +88,9 @@ class Database:
         # writers).  BEGIN IMMEDIATE and the busy timeout still order writers
         # across processes.
         self.writer_lock: anyio.Lock | None = None
+        # SQLite's vector search reads agents' embeddings into numpy matrices once,
+        # then reuses them until the agent's archive_version moves.
+        self.vector_cache = VectorCache()
         if self.dialect == "sqlite":
             self.writer_lock = anyio.Lock()
             _setup_sqlite(self.engine)

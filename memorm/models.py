@@ -25,12 +25,14 @@ from memorm.types import JSONType, UTCDateTime, UUIDType, VectorType, utcnow
 
 __all__ = [
     "AGENTS",
+    "EMBEDDING_MODELS",
     "MESSAGES",
     "PASSAGES",
     "ROLES",
     "SESSIONS",
     "Agent",
     "ArchivalPassage",
+    "EmbeddingModel",
     "MemormModel",
     "Message",
     "Role",
@@ -75,6 +77,8 @@ class Agent(_Row, table=True):
     core_memory: dict[str, str] = Field(default_factory=dict, sa_type=JSONType, nullable=False)
     llm_config: dict[str, Any] = Field(default_factory=dict, sa_type=JSONType, nullable=False)
     version: int = Field(default=1, nullable=False)
+    # Bumped by every write to the agent's archival passages; vector caches key on it.
+    archive_version: int = Field(default=0, nullable=False)
 
 
 # A conversation of one agent; ``next_seq`` hands out its messages' sequence numbers.
@@ -119,7 +123,11 @@ class Message(_Row, table=True):
 # Long-term memory: a passage of text with its embedding, stored in one row.
 class ArchivalPassage(_Row, table=True):
     __tablename__ = "archival_passages"
-    __table_args__ = (sa.Index(None, "agent_id", "embedding_model", "created_at"),)
+    __table_args__ = (
+        sa.Index(None, "agent_id", "embedding_model", "created_at"),
+        # Exactly one of the two embedding columns holds the vector.
+        sa.CheckConstraint("(embedding IS NULL) <> (embedding_half IS NULL)", name="one_embedding"),
+    )
 
     agent_id: uuid.UUID = Field(
         sa_type=UUIDType,
@@ -127,24 +135,43 @@ class ArchivalPassage(_Row, table=True):
         nullable=False,
     )
     text: str = Field(sa_type=sa.Text, nullable=False)
-    embedding: list[float] = Field(sa_type=VectorType, nullable=False)
+    # Full precision; None when the model stores half precision (``embedding_half``).
+    embedding: list[float] | None = Field(default=None, sa_type=VectorType)
+    embedding_half: list[float] | None = Field(default=None, sa_type=VectorType(half=True))
     embedding_model: str = Field(default="default", sa_type=sa.Text, nullable=False)
     embedding_dim: int = Field(nullable=False)
 
+    @property
+    def vector(self) -> list[float]:
+        """The embedding, whichever precision stores it."""
+        stored = self.embedding if self.embedding is not None else self.embedding_half
+        return stored or []
 
-# pgvector's type must exist before the first table that uses it; migrations do
-# the same in their first revision.
-sa.event.listen(
-    metadata,
-    "before_create",
-    sa.DDL("CREATE EXTENSION IF NOT EXISTS vector").execute_if(dialect="postgresql"),  # type: ignore[no-untyped-call]
-)
+
+# An agent's embedding model and its fixed shape: every passage of it has ``dim`` floats.
+class EmbeddingModel(_Row, table=True):
+    __tablename__ = "embedding_models"
+    __table_args__ = (
+        sa.UniqueConstraint("agent_id", "name"),
+        sa.CheckConstraint("precision IN ('float32', 'float16')", name="precision"),
+    )
+
+    agent_id: uuid.UUID = Field(
+        sa_type=UUIDType,
+        sa_column_args=[sa.ForeignKey("agents.id", ondelete="CASCADE")],
+        nullable=False,
+    )
+    name: str = Field(sa_type=sa.Text, nullable=False)
+    dim: int = Field(nullable=False)
+    precision: str = Field(default="float32", sa_type=sa.String(8), nullable=False)
+
 
 # The tables behind the models, typed for Core statements (``AGENTS.c.name``).
 AGENTS: sa.Table = Agent.__table__  # type: ignore[attr-defined]
 SESSIONS: sa.Table = Session.__table__  # type: ignore[attr-defined]
 MESSAGES: sa.Table = Message.__table__  # type: ignore[attr-defined]
 PASSAGES: sa.Table = ArchivalPassage.__table__  # type: ignore[attr-defined]
+EMBEDDING_MODELS: sa.Table = EmbeddingModel.__table__  # type: ignore[attr-defined]
 
 M = TypeVar("M", bound=MemormModel)
 

@@ -9,10 +9,13 @@ SQLSTATE codes (Postgres) and on SQLite's stable message prefixes.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
+import anyio
+import anyio.lowlevel
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from memorm.errors import (
     ConflictError,
@@ -23,7 +26,7 @@ from memorm.errors import (
     ValidationError,
 )
 
-__all__ = ["translate", "translating"]
+__all__ = ["FAILED", "SHIELD", "failure", "guarded", "translate", "translating"]
 
 UPGRADE_HINT = "run `memorm db upgrade` (or `await db.upgrade()`)"
 
@@ -104,6 +107,45 @@ def translate(error: BaseException) -> MemormError | None:
     if integrity:
         return ValidationError(f"the database rejected the write: {detail}")
     return DatabaseError(f"database error: {detail}")
+
+
+SHIELD = "memorm_shield_statements"  # AsyncSession.info keys, set by the unit of work
+FAILED = "memorm_failed"
+
+
+def failure(session: AsyncSession) -> MemormError | None:
+    """The error that failed this session's unit of work, if one did."""
+    error = session.info.get(FAILED)
+    return error if isinstance(error, MemormError) else None
+
+
+@asynccontextmanager
+async def guarded(session: AsyncSession, *, recoverable: bool = False) -> AsyncIterator[None]:
+    """:func:`translating`, plus cancellation shielding where the engine needs it.
+
+    aiosqlite runs each statement in a thread that cancellation cannot stop:
+    abandoned halfway, a ``BEGIN IMMEDIATE`` keeps the write lock in a
+    connection nobody closes.  So on SQLite (``session.info[SHIELD]``) a
+    statement always finishes, and the cancellation lands right after it,
+    where the unit of work rolls back cleanly.
+
+    A database error fails the unit of work, on both engines alike: Postgres
+    aborts the transaction anyway, and on SQLite carrying on could commit half
+    a write (a sequence number taken, its message not stored).  Later
+    statements then raise, and the unit of work can only roll back.  Writes
+    that may fail on purpose run in a SAVEPOINT and pass ``recoverable=True``.
+    """
+    earlier = failure(session)
+    if earlier is not None:
+        raise DatabaseError(f"this unit of work already failed ({earlier}); it can only roll back")
+    try:
+        with anyio.CancelScope(shield=session.info.get(SHIELD, False)), translating():
+            yield
+    except MemormError as error:
+        if not recoverable and error.__cause__ is not None:  # from the database, not our checks
+            session.info[FAILED] = error
+        raise
+    await anyio.lowlevel.checkpoint_if_cancelled()  # deliver what the shield held back
 
 
 @contextmanager

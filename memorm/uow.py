@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING
 import anyio
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from memorm.errors import DatabaseError
 from memorm.repositories import (
     AgentRepository,
     MessageRepository,
     PassageRepository,
     SessionRepository,
 )
-from memorm.translate import translating
+from memorm.translate import FAILED, SHIELD, failure, translating
 
 if TYPE_CHECKING:
     from memorm.db import Database
@@ -64,10 +65,11 @@ class UnitOfWork:
         if self._writer is not None:
             await self._writer.acquire()
         self.session = self.db.new_session(read_only=self.read_only)
+        self.session.info[SHIELD] = self.db.dialect == "sqlite"
         self.agents = AgentRepository(self.session)
         self.sessions = SessionRepository(self.session)
         self.messages = MessageRepository(self.session, token_counter=self.db.token_counter)
-        self.passages = PassageRepository(self.session)
+        self.passages = PassageRepository(self.session, cache=self.db.vector_cache)
         self._open = True
         return self
 
@@ -93,11 +95,20 @@ class UnitOfWork:
                         self._writer.release()
 
     async def commit(self) -> None:
-        """Commit what the repositories wrote so far; the unit of work stays usable."""
+        """Commit what the repositories wrote so far; the unit of work stays usable.
+
+        A unit of work in which a database error happened cannot commit: it
+        rolls back and raises that error again.
+        """
+        earlier = failure(self.session)
+        if earlier is not None:
+            await self.rollback()
+            raise DatabaseError(f"this unit of work failed ({earlier}) and was rolled back") from earlier
         with translating():
             await self.session.commit()
 
     async def rollback(self) -> None:
         """Discard what the repositories wrote since the last commit."""
+        self.session.info.pop(FAILED, None)
         with translating():
             await self.session.rollback()

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql import Executable, Select
 
 from memorm.page import Page
-from memorm.translate import translating
+from memorm.translate import guarded
 from memorm.validation import check_limit
 
 __all__ = ["Repository"]
@@ -27,11 +27,11 @@ class Repository:
         self.session = session
 
     async def _execute(self, statement: Executable, params: Any = None) -> Result[Any]:
-        with translating():
+        async with guarded(self.session):
             return await self.session.execute(statement, params)
 
     async def _scalar(self, statement: Executable) -> Any:
-        with translating():
+        async with guarded(self.session):
             return await self.session.scalar(statement)
 
     @asynccontextmanager
@@ -42,9 +42,8 @@ class Repository:
         SAVEPOINT only the savepoint is lost, so a caller that catches the
         ``ConflictError`` can carry on with the unit of work.
         """
-        with translating():
-            async with self.session.begin_nested():
-                yield
+        async with guarded(self.session, recoverable=True), self.session.begin_nested():
+            yield
 
     async def _page(self, query: Select[Any], *, limit: int, offset: int) -> Page[Any]:
         """One page of ``query`` (already ordered) with its true total."""

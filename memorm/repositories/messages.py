@@ -45,7 +45,6 @@ from memorm.validation import as_uuid, check_limit, check_text
 __all__ = ["MessageRepository"]
 
 _COLUMNS = tuple(column.name for column in MESSAGES.columns)
-_SCAN_CHUNK = 256  # context(): rows of (seq, role, tokens) read per step, growing 4x
 
 
 class MessageRepository(Repository):
@@ -252,8 +251,8 @@ class MessageRepository(Repository):
 
         Chronological.  The system message's tokens count against the budget
         (with ``pinned_system=False`` it is an ordinary message).  The window
-        never starts with a ``tool`` answer whose call was cut off.  Reads only
-        ``(seq, role, token_count)`` until the cut is known, then the rows kept.
+        never starts with a ``tool`` answer whose call was cut off.  The cut is
+        found in SQL (a running sum of ``token_count``); only the kept rows are read.
         """
         key = as_uuid(session_id, "session_id")
         budget = check_int(max_tokens, "max_tokens", minimum=1)
@@ -266,35 +265,50 @@ class MessageRepository(Repository):
                 system = head[0]
                 budget -= system.token_count or 0
                 where.append(MESSAGES.c.seq > system.seq)
-        kept = await self._newest_within(where, budget)
-        while kept and kept[-1][1] == "tool":  # oldest kept is an answer whose call is cut off
-            kept.pop()
-        if not kept:
+        if budget <= 0:
+            return [system] if system is not None else []
+        span = await self._budget_span(where, budget)
+        if span is None:
             return [system] if system is not None else []
         # Bounded on both sides: rows appended meanwhile must not stretch the budget.
-        span = (MESSAGES.c.seq >= kept[-1][0], MESSAGES.c.seq <= kept[0][0])
-        body = await self._select(*where, *span, order=MESSAGES.c.seq)
+        body = await self._select(*where, MESSAGES.c.seq.between(*span), order=MESSAGES.c.seq)
+        while body and body[0].role == "tool":  # an answer whose call did not fit
+            body.pop(0)
         return [system, *body] if system is not None else body
 
-    async def _newest_within(self, where: list[ColumnElement[bool]], budget: int) -> list[tuple[int, str]]:
-        """``(seq, role)`` of the newest messages whose tokens add up to at most ``budget``, newest first."""
+    async def _budget_span(self, where: list[ColumnElement[bool]], budget: int) -> tuple[int, int] | None:
+        """The ``(first, last)`` seqs of the newest messages that fit in ``budget`` tokens, if any.
+
+        The running total is a window function over the newest rows, so one
+        number crosses the wire, whatever the history's length.  The scan is
+        capped (every message costs at least one token, except explicit zeros:
+        when the cap is reached with budget left, it doubles and looks again).
+        """
         tokens = sa.func.coalesce(MESSAGES.c.token_count, sa.func.length(MESSAGES.c.content) / 4 + 4)
-        kept: list[tuple[int, str]] = []
-        used, cursor, chunk = 0, None, _SCAN_CHUNK
-        while budget > used:
-            query = sa.select(MESSAGES.c.seq, MESSAGES.c.role, tokens).where(*where)
-            if cursor is not None:
-                query = query.where(MESSAGES.c.seq < cursor)
-            rows = (await self._execute(query.order_by(MESSAGES.c.seq.desc()).limit(chunk))).all()
-            for seq, role, cost in (tuple(row) for row in rows):
-                used += int(cost)
-                if used > budget:
-                    return kept
-                kept.append((seq, role))
-            if len(rows) < chunk:
-                break
-            cursor, chunk = rows[-1][0], chunk * 4
-        return kept
+        cap = budget + 1
+        while True:
+            newest = (
+                sa.select(MESSAGES.c.seq.label("seq"), tokens.label("tokens"))
+                .where(*where)
+                .order_by(MESSAGES.c.seq.desc())
+                .limit(cap)
+                .subquery()
+            )
+            running = sa.select(
+                newest.c.seq,
+                sa.func.sum(newest.c.tokens).over(order_by=newest.c.seq.desc()).label("running"),
+            ).subquery()
+            fitted = (
+                await self._execute(
+                    sa.select(sa.func.min(running.c.seq), sa.func.max(running.c.seq), sa.func.count()).where(
+                        running.c.running <= budget
+                    )
+                )
+            ).one()
+            first, last, fitting = tuple(fitted)
+            if fitting < cap:  # the budget ran out (or the history did) inside the cap
+                return None if fitting == 0 else (int(first), int(last))
+            cap *= 2
 
     async def count(self, session_id: uuid.UUID | str, *, roles: Iterable[str] | None = None) -> int:
         """How many messages the session holds (of these roles, if given)."""
@@ -384,14 +398,19 @@ class MessageRepository(Repository):
     async def _select(
         self, *where: ColumnElement[bool], order: Any = None, limit: int | None = None
     ) -> list[Message]:
-        # populate_existing: Core UPDATEs (prepend moves the system message) bypass
-        # the identity map, so loaded rows must overwrite what it holds.
-        query = sa.select(Message).where(*where).execution_options(populate_existing=True)
+        """Messages matching ``where``, read with Core and built with :func:`hydrate`.
+
+        Several times cheaper per row than an ORM query, and never stale: the
+        identity map is bypassed (Core UPDATEs, such as prepend moving the
+        system message, would otherwise leave it holding old values).
+        """
+        query = sa.select(*MESSAGES.c).where(*where)
         if order is not None:
             query = query.order_by(order)
         if limit is not None:
             query = query.limit(limit)
-        return list((await self._execute(query)).scalars())
+        result = await self._execute(query)
+        return [hydrate(Message, dict(zip(_COLUMNS, row, strict=True))) for row in result]
 
     async def _allocate(self, key: uuid.UUID, count: int) -> tuple[uuid.UUID, int]:
         """Take ``count`` numbers from the session's counter; returns (agent_id, new next_seq)."""

@@ -1,25 +1,145 @@
-"""``uow.passages``: archival memory, text with its embedding in one row."""
+"""``uow.passages``: archival memory, text with its embedding in one row.
+
+Every passage belongs to an agent and an embedding model.  A model has one
+dimension and one storage precision, fixed the first time it is used (or
+declared with :meth:`PassageRepository.define_model`), so vectors of several
+models — 384-d beside 1536-d — live side by side, and only passages of the
+same model are ever compared.  Every write bumps the agent's
+``archive_version``, which the SQLite vector cache checks before each search.
+"""
 
 from __future__ import annotations
 
+import builtins
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.sql import ColumnElement
 
-from memorm.errors import NotFoundError, ValidationError
-from memorm.models import AGENTS, PASSAGES, ArchivalPassage
+from memorm.bulk import insert_rows
+from memorm.errors import ConflictError, NotFoundError, ValidationError
+from memorm.ids import uuid7
+from memorm.models import AGENTS, EMBEDDING_MODELS, PASSAGES, ArchivalPassage, EmbeddingModel, hydrate
+from memorm.page import Page
 from memorm.repositories.base import Repository
-from memorm.validation import as_uuid, check_json_object, check_text, check_vector
+from memorm.search.filters import Filter, compile_filter
+from memorm.search.fts_ddl import PASSAGES_FTS
+from memorm.search.text import search_page
+from memorm.search.vector import ScoredPassage, VectorCache, check_metric, ensure_index, nearest, score_of
+from memorm.types import utcnow
+from memorm.validation import as_uuid, check_json_object, check_limit, check_text, check_vector
 
 __all__ = ["PassageRepository"]
 
-_PASSAGES = PASSAGES
+_COLUMNS = tuple(column.name for column in PASSAGES.columns)
+_PRECISIONS = ("float32", "float16")
+_ITEM_FIELDS = frozenset(("text", "embedding", "meta", "embedding_model", "id", "created_at"))
+RRF_K = 60  # reciprocal rank fusion's damping constant (Cormack et al.)
+
+PassageInput = ArchivalPassage | Mapping[str, Any]
+
+
+def _check_model_name(name: object) -> str:
+    model = check_text(name, "embedding_model") or ""
+    if not model.strip():
+        raise ValidationError("embedding_model: must not be blank")
+    return model
+
+
+def _check_k(k: object, field: str = "k") -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 1000:
+        raise ValidationError(f"{field}: expected an integer from 1 to 1000, got {k!r}")
+    return k
 
 
 class PassageRepository(Repository):
-    """Archival passages of an agent."""
+    """Archival passages of an agent: storage, vector, text and hybrid search."""
+
+    def __init__(self, session: Any, *, cache: VectorCache | None = None) -> None:
+        super().__init__(session)
+        self.cache = cache if cache is not None else VectorCache()
+        self._models: dict[tuple[uuid.UUID, str], EmbeddingModel] = {}
+
+    # -- models -------------------------------------------------------------
+
+    async def define_model(
+        self, agent_id: uuid.UUID | str, name: str, dim: int, *, precision: str = "float32"
+    ) -> EmbeddingModel:
+        """Declare one of the agent's embedding models before its first passage.
+
+        ``precision="float16"`` halves storage (``halfvec`` on Postgres, float16
+        on SQLite) at about three significant digits per component.  Declaring
+        the model again with the same shape is a no-op; another shape raises
+        ``ConflictError``.  Undeclared models are registered as float32 by their
+        first passage.
+        """
+        key = as_uuid(agent_id, "agent_id")
+        model = _check_model_name(name)
+        if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= 16000:
+            raise ValidationError(f"dim: expected an integer from 1 to 16,000, got {dim!r}")
+        if precision not in _PRECISIONS:
+            raise ValidationError(f"precision: {precision!r} is not one of {', '.join(_PRECISIONS)}")
+        await self._require_agent(key)
+        found = await self._model(key, model, dim, precision=precision, check_dim=False)
+        if (found.dim, found.precision) != (dim, precision):
+            raise ConflictError(
+                f"embedding model {model!r} is already {found.dim}-d {found.precision}, "
+                f"not {dim}-d {precision}"
+            )
+        return found
+
+    async def get_model(self, agent_id: uuid.UUID | str, name: str) -> EmbeddingModel:
+        """One of the agent's models; ``NotFoundError`` if it has none of that name."""
+        key = as_uuid(agent_id, "agent_id")
+        model = _check_model_name(name)
+        found = await self._lookup(key, model)
+        if found is None:
+            raise NotFoundError(f"agent {key} has no embedding model {model!r}")
+        return found
+
+    async def _lookup(self, agent_id: uuid.UUID, name: str) -> EmbeddingModel | None:
+        cached = self._models.get((agent_id, name))
+        if cached is not None:
+            return cached
+        row = (
+            await self._execute(
+                sa.select(*EMBEDDING_MODELS.c).where(
+                    EMBEDDING_MODELS.c.agent_id == agent_id, EMBEDDING_MODELS.c.name == name
+                )
+            )
+        ).first()
+        if row is None:
+            return None
+        model = hydrate(EmbeddingModel, dict(row._mapping))
+        self._models[(agent_id, name)] = model
+        return model
+
+    async def _model(
+        self, agent_id: uuid.UUID, name: str, dim: int, *, precision: str = "float32", check_dim: bool = True
+    ) -> EmbeddingModel:
+        """The agent's model called ``name``, registered with this shape on first use."""
+        found = await self._lookup(agent_id, name)
+        if found is None:
+            model = EmbeddingModel(agent_id=agent_id, name=name, dim=dim, precision=precision)
+            try:
+                async with self._savepoint():
+                    self.session.add(model)
+                    await self.session.flush()
+            except ConflictError:  # registered meanwhile by another unit of work
+                self.session.expunge(model)
+                found = await self._lookup(agent_id, name)
+                if found is None:
+                    raise
+            else:
+                found = model
+            self._models[(agent_id, name)] = found
+        if check_dim and found.dim != dim:
+            raise ValidationError(f"embedding: model {name!r} stores {found.dim}-d vectors, got {dim}")
+        return found
+
+    # -- writing ------------------------------------------------------------
 
     async def add(
         self,
@@ -30,61 +150,340 @@ class PassageRepository(Repository):
         embedding_model: str = "default",
         meta: Mapping[str, Any] | None = None,
     ) -> ArchivalPassage:
-        """Store a passage and its embedding in one row.
+        """Store a passage and its embedding in one row."""
+        [passage] = await self.add_many(
+            agent_id,
+            [{"text": text, "embedding": embedding, "embedding_model": embedding_model, "meta": meta}],
+        )
+        return passage
 
-        All of an agent's passages for one ``embedding_model`` share a dimension;
-        a vector of another length raises ``ValidationError``.
+    async def add_many(
+        self, agent_id: uuid.UUID | str, items: Iterable[PassageInput]
+    ) -> builtins.list[ArchivalPassage]:
+        """Store many passages in one bulk insert (COPY on Postgres); all or nothing.
+
+        Items are dicts (``text``, ``embedding``, optional ``embedding_model``,
+        ``meta``, ``id``, ``created_at``) or ``ArchivalPassage`` objects.
         """
         key = as_uuid(agent_id, "agent_id")
-        vector = check_vector(embedding)
-        model = check_text(embedding_model, "embedding_model") or ""
-        if not model:
-            raise ValidationError("embedding_model: must not be empty")
-        passage = ArchivalPassage(
-            agent_id=key,
-            text=check_text(text, "text"),
-            embedding=vector,
-            embedding_model=model,
-            embedding_dim=len(vector),
-            meta=check_json_object(meta, "meta"),
-        )
-        if await self._scalar(sa.select(AGENTS.c.id).where(AGENTS.c.id == key)) is None:
-            raise NotFoundError(f"no agent {key}")
-        stored_dim = await self._scalar(
-            sa.select(_PASSAGES.c.embedding_dim)
-            .where(_PASSAGES.c.agent_id == key, _PASSAGES.c.embedding_model == model)
-            .limit(1)
-        )
-        if stored_dim is not None and stored_dim != len(vector):
-            raise ValidationError(
-                f"embedding: model {model!r} stores {stored_dim}-d vectors, got {len(vector)}"
+        checked = [self._check_item(item, index) for index, item in enumerate(items)]
+        await self._touch_agent(key)
+        now = utcnow()
+        rows: builtins.list[dict[str, Any]] = []
+        for name, item in checked:
+            model = await self._model(key, name, len(item["vector"]))
+            half = model.precision == "float16"
+            vector = item.pop("vector")
+            rows.append(
+                {
+                    **item,
+                    "agent_id": key,
+                    "embedding": None if half else vector,
+                    "embedding_half": vector if half else None,
+                    "embedding_model": name,
+                    "embedding_dim": model.dim,
+                    "created_at": item["created_at"] or now,
+                    "updated_at": now,
+                }
             )
-        async with self._savepoint():
-            self.session.add(passage)
-            await self.session.flush()
-        return passage
+        await insert_rows(self.session, PASSAGES, _COLUMNS, [[row[c] for c in _COLUMNS] for row in rows])
+        return [hydrate(ArchivalPassage, row) for row in rows]
 
-    async def get(self, passage_id: uuid.UUID | str) -> ArchivalPassage:
-        """The passage with this id; ``NotFoundError`` if there is none."""
+    def _check_item(self, item: object, index: int) -> tuple[str, dict[str, Any]]:
+        where = f"items[{index}]"
+        if isinstance(item, ArchivalPassage):
+            given: Mapping[str, Any] = {
+                "text": item.text,
+                "embedding": item.vector,
+                "embedding_model": item.embedding_model,
+                "meta": item.meta,
+                "id": item.id,
+                "created_at": item.created_at,
+            }
+        elif isinstance(item, Mapping):
+            unknown = set(item) - _ITEM_FIELDS
+            if unknown:
+                raise ValidationError(f"{where}: unknown fields {', '.join(sorted(map(str, unknown)))}")
+            given = item
+        else:
+            raise ValidationError(
+                f"{where}: expected a dict or an ArchivalPassage, got {type(item).__name__}"
+            )
+        created_at = given.get("created_at")
+        if created_at is not None:
+            from memorm.validation import check_aware
+
+            check_aware(created_at, f"{where}.created_at")
+        passage_id = given.get("id")
+        return _check_model_name(given.get("embedding_model", "default")), {
+            "id": uuid7() if passage_id is None else as_uuid(passage_id, f"{where}.id"),
+            "text": check_text(given.get("text"), f"{where}.text"),
+            "vector": check_vector(given.get("embedding"), f"{where}.embedding"),
+            "meta": check_json_object(given.get("meta"), f"{where}.meta"),
+            "created_at": created_at,
+        }
+
+    async def update_text(
+        self, passage_id: uuid.UUID | str, text: str, embedding: Sequence[float]
+    ) -> ArchivalPassage:
+        """Replace a passage's text and embedding together (same model, same dimension)."""
         key = as_uuid(passage_id, "passage_id")
-        passage: ArchivalPassage | None = await self._scalar(
-            sa.select(ArchivalPassage).where(_PASSAGES.c.id == key)
+        new_text = check_text(text, "text")
+        vector = check_vector(embedding)
+        current = await self.get(key)
+        model = await self._model(current.agent_id, current.embedding_model, len(vector))
+        half = model.precision == "float16"
+        await self._touch_agent(current.agent_id)
+        now = utcnow()
+        await self._execute(
+            sa.update(PASSAGES)
+            .where(PASSAGES.c.id == key)
+            .values(
+                text=new_text,
+                embedding=None if half else vector,
+                embedding_half=vector if half else None,
+                updated_at=now,
+            )
         )
-        if passage is None:
-            raise NotFoundError(f"no passage {key}")
-        return passage
-
-    async def count(self, agent_id: uuid.UUID | str, *, embedding_model: str | None = None) -> int:
-        """How many passages the agent has (of one model, if given)."""
-        key = as_uuid(agent_id, "agent_id")
-        query = sa.select(sa.func.count()).where(_PASSAGES.c.agent_id == key)
-        if embedding_model is not None:
-            query = query.where(_PASSAGES.c.embedding_model == embedding_model)
-        return int(await self._scalar(query) or 0)
+        return await self.get(key)
 
     async def delete(self, passage_id: uuid.UUID | str) -> None:
         """Delete one passage."""
         key = as_uuid(passage_id, "passage_id")
-        result = await self._execute(sa.delete(_PASSAGES).where(_PASSAGES.c.id == key))
-        if result.rowcount == 0:  # type: ignore[attr-defined]
+        owner = await self._scalar(sa.select(PASSAGES.c.agent_id).where(PASSAGES.c.id == key))
+        if owner is None:
             raise NotFoundError(f"no passage {key}")
+        await self._touch_agent(owner)
+        await self._execute(sa.delete(PASSAGES).where(PASSAGES.c.id == key))
+
+    async def delete_where(self, agent_id: uuid.UUID | str, where: Filter) -> int:
+        """Delete the agent's passages matching ``where`` (see :mod:`memorm.search.filters`).
+
+        Returns how many were deleted.
+        """
+        key = as_uuid(agent_id, "agent_id")
+        conditions = await self._filters(where)
+        if not conditions:
+            raise ValidationError("where: give at least one condition (delete the agent to drop everything)")
+        await self._touch_agent(key)
+        result = await self._execute(sa.delete(PASSAGES).where(PASSAGES.c.agent_id == key, *conditions))
+        return int(result.rowcount)  # type: ignore[attr-defined]
+
+    async def _touch_agent(self, key: uuid.UUID) -> None:
+        """Bump the agent's archive version (and check the agent exists)."""
+        result = await self._execute(
+            sa.update(AGENTS).where(AGENTS.c.id == key).values(archive_version=AGENTS.c.archive_version + 1)
+        )
+        if result.rowcount == 0:  # type: ignore[attr-defined]
+            raise NotFoundError(f"no agent {key}")
+
+    # -- reading ------------------------------------------------------------
+
+    async def get(self, passage_id: uuid.UUID | str) -> ArchivalPassage:
+        """The passage with this id; ``NotFoundError`` if there is none."""
+        key = as_uuid(passage_id, "passage_id")
+        found = await self._load([key])
+        if not found:
+            raise NotFoundError(f"no passage {key}")
+        return found[key]
+
+    async def count(self, agent_id: uuid.UUID | str, *, embedding_model: str | None = None) -> int:
+        """How many passages the agent has (of one model, if given)."""
+        key = as_uuid(agent_id, "agent_id")
+        query = sa.select(sa.func.count()).where(PASSAGES.c.agent_id == key)
+        if embedding_model is not None:
+            query = query.where(PASSAGES.c.embedding_model == _check_model_name(embedding_model))
+        return int(await self._scalar(query) or 0)
+
+    async def list(
+        self, agent_id: uuid.UUID | str, *, limit: int = 50, offset: int = 0
+    ) -> Page[ArchivalPassage]:
+        """The agent's passages, oldest first."""
+        key = as_uuid(agent_id, "agent_id")
+        query = (
+            sa.select(ArchivalPassage)
+            .where(PASSAGES.c.agent_id == key)
+            .order_by(PASSAGES.c.created_at, PASSAGES.c.id)
+            .execution_options(populate_existing=True)
+        )
+        return await self._page(query, limit=limit, offset=offset)
+
+    async def search(
+        self,
+        agent_id: uuid.UUID | str,
+        embedding: Sequence[float],
+        *,
+        k: int = 10,
+        embedding_model: str = "default",
+        metric: str = "cosine",
+        where: Filter | None = None,
+        offset: int = 0,
+        ef_search: int | None = None,
+    ) -> builtins.list[ScoredPassage]:
+        """The ``k`` passages nearest ``embedding``, best first (ties by id).
+
+        Only passages of ``embedding_model`` are compared.  ``where`` filters on
+        ``meta`` and ``created_at`` in SQL, before the limit, so a filtered
+        search still returns ``k`` hits when ``k`` exist.  On Postgres an HNSW
+        index (:meth:`ensure_index`) is used when it exists, with ``ef_search``
+        candidates per query (pgvector's default is 40).
+        """
+        key = as_uuid(agent_id, "agent_id")
+        vector = check_vector(embedding)
+        check_limit(_check_k(k), offset)
+        chosen = check_metric(metric)
+        if ef_search is not None and (
+            isinstance(ef_search, bool) or not isinstance(ef_search, int) or not 1 <= ef_search <= 1000
+        ):
+            raise ValidationError(f"ef_search: expected an integer from 1 to 1000, got {ef_search!r}")
+        if chosen == "cosine" and not any(vector):
+            raise ValidationError("embedding: a zero vector has no direction for cosine distance")
+        conditions = await self._filters(where)
+        model = await self._lookup(key, _check_model_name(embedding_model))
+        if model is None:
+            await self._require_agent(key)
+            return []
+        if model.dim != len(vector):
+            raise ValidationError(
+                f"embedding: model {model.name!r} stores {model.dim}-d vectors, got {len(vector)}"
+            )
+        async with self._guard():
+            hits = await nearest(
+                self.session,
+                self.cache,
+                key,
+                model,
+                vector,
+                metric=chosen,
+                where=conditions,
+                k=k,
+                offset=offset,
+                ef_search=ef_search,
+            )
+        if not hits:
+            await self._require_agent(key)
+        passages = await self._load([passage_id for passage_id, _ in hits])
+        return [
+            ScoredPassage(passages[passage_id], distance, score_of(chosen, distance))
+            for passage_id, distance in hits
+            if passage_id in passages
+        ]
+
+    async def search_text(
+        self, agent_id: uuid.UUID | str, query: str, *, limit: int = 10, offset: int = 0
+    ) -> Page[ArchivalPassage]:
+        """Full-text search of the agent's passages, with the same rules as message search."""
+        key = as_uuid(agent_id, "agent_id")
+        text = check_text(query, "query") or ""
+        await self._require_agent(key)
+        return await search_page(
+            self.session,
+            PASSAGES_FTS,
+            text,
+            entity=ArchivalPassage,
+            where=[PASSAGES.c.agent_id == key],
+            limit=limit,
+            offset=offset,
+        )
+
+    async def hybrid_search(
+        self,
+        agent_id: uuid.UUID | str,
+        query: str,
+        embedding: Sequence[float],
+        *,
+        k: int = 10,
+        embedding_model: str = "default",
+        metric: str = "cosine",
+        where: Filter | None = None,
+        candidates: int | None = None,
+    ) -> builtins.list[ScoredPassage]:
+        """Text and vector search fused by reciprocal rank (score = sum of 1 / (60 + rank)).
+
+        Each side contributes its best ``candidates`` (default ``4 * k``, at
+        most 1000); ``distance`` is the vector distance, or None for passages
+        only the text search found.
+        """
+        _check_k(k)
+        pool = _check_k(candidates if candidates is not None else min(1000, 4 * k), "candidates")
+        vector_hits = await self.search(
+            agent_id, embedding, k=pool, embedding_model=embedding_model, metric=metric, where=where
+        )
+        text_hits = await self.search_text(agent_id, query, limit=pool)
+        distance = {hit.passage.id: hit.distance for hit in vector_hits}
+        found = {hit.passage.id: hit.passage for hit in vector_hits}
+        fused: dict[uuid.UUID, float] = {}
+        for rank, hit in enumerate(vector_hits, start=1):
+            fused[hit.passage.id] = fused.get(hit.passage.id, 0.0) + 1.0 / (RRF_K + rank)
+        allowed = None
+        if where is not None:  # the text side must honour the filter too
+            conditions = await self._filters(where)
+            ids = [p.id for p in text_hits.items]
+            allowed = (
+                set(
+                    await self.session.scalars(
+                        sa.select(PASSAGES.c.id).where(PASSAGES.c.id.in_(ids), *conditions)
+                    )
+                )
+                if ids
+                else set()
+            )
+        for rank, passage in enumerate(text_hits.items, start=1):
+            if passage.embedding_model != embedding_model or (
+                allowed is not None and passage.id not in allowed
+            ):
+                continue
+            found.setdefault(passage.id, passage)
+            fused[passage.id] = fused.get(passage.id, 0.0) + 1.0 / (RRF_K + rank)
+        ranked = sorted(fused.items(), key=lambda pair: (-pair[1], pair[0]))[:k]
+        return [ScoredPassage(found[i], distance.get(i), score) for i, score in ranked]
+
+    async def ensure_index(
+        self,
+        embedding_model: str,
+        dim: int,
+        metric: str = "cosine",
+        *,
+        precision: str = "float32",
+        m: int = 16,
+        ef_construction: int = 64,
+    ) -> str:
+        """Build the HNSW index for (model, dim, metric) on Postgres, if missing; returns its name.
+
+        One index serves every agent's passages of that model name and
+        dimension (stored at ``precision``); searches with that metric use it.
+        A no-op on SQLite, which searches exactly.  Runs inside the unit of
+        work, and ``CREATE INDEX`` blocks writes to the table while it builds:
+        for a live table, use the migration pattern in the docs
+        (``CREATE INDEX CONCURRENTLY``).
+        """
+        if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= 16000:
+            raise ValidationError(f"dim: expected an integer from 1 to 16,000, got {dim!r}")
+        if precision not in _PRECISIONS:
+            raise ValidationError(f"precision: {precision!r} is not one of {', '.join(_PRECISIONS)}")
+        shape = EmbeddingModel(name=_check_model_name(embedding_model), dim=dim, precision=precision)
+        async with self._guard():
+            return await ensure_index(
+                self.session, shape, check_metric(metric), m=m, ef_construction=ef_construction
+            )
+
+    # -- helpers ------------------------------------------------------------
+
+    def _guard(self) -> Any:
+        from memorm.translate import guarded
+
+        return guarded(self.session)
+
+    async def _filters(self, where: Filter | None) -> builtins.list[ColumnElement[bool]]:
+        dialect = (await self.session.connection()).dialect.name
+        return compile_filter(dialect, PASSAGES, where)
+
+    async def _require_agent(self, key: uuid.UUID) -> None:
+        if await self._scalar(sa.select(AGENTS.c.id).where(AGENTS.c.id == key)) is None:
+            raise NotFoundError(f"no agent {key}")
+
+    async def _load(self, ids: builtins.list[uuid.UUID]) -> dict[uuid.UUID, ArchivalPassage]:
+        if not ids:
+            return {}
+        rows = await self._execute(sa.select(*PASSAGES.c).where(PASSAGES.c.id.in_(ids)))
+        return {row.id: hydrate(ArchivalPassage, dict(row._mapping)) for row in rows}

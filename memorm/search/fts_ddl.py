@@ -8,8 +8,8 @@ them (:func:`is_fts_object`).
 * SQLite: an external-content FTS5 table per indexed table, keyed on the
   source row's ``rowid`` and kept in sync by triggers (insert, delete —
   including cascades — and updates of the text).
-* Postgres: a GIN index on ``to_tsvector('simple', text)``; queries use the
-  same expression, so the index stays in sync by itself.
+* Postgres: a GIN index on :func:`pg_document` (``to_tsvector('simple', …)``);
+  queries use the same expression, so the index stays in sync by itself.
 """
 
 from __future__ import annotations
@@ -24,6 +24,22 @@ __all__ = ["FTS_INDEXES", "FullTextIndex", "is_fts_object"]
 
 TOKENIZER = "unicode61 remove_diacritics 0"
 TS_CONFIG = "simple"  # no stemming or stop words: the same matches as FTS5's unicode61
+INDEXED_CHARS = 100_000
+
+
+def pg_document(column: str) -> str:
+    """The Postgres ``tsvector`` expression of the GIN index, and of every query using it.
+
+    Everything but letters and digits becomes a space first, so Postgres splits
+    words where FTS5's unicode61 does (its parser would keep ``a@b.com``,
+    ``example.org`` or ``3.14`` whole).  Only the first :data:`INDEXED_CHARS`
+    characters are indexed: a tsvector is capped at 1 MB, and a huge message
+    of distinct words would otherwise fail to insert.
+    """
+    return (
+        f"to_tsvector('{TS_CONFIG}'::regconfig, "
+        f"regexp_replace(left({column}, {INDEXED_CHARS}), '[^[:alnum:]]+', ' ', 'g'))"
+    )
 
 
 @dataclass(frozen=True)
@@ -63,10 +79,7 @@ class FullTextIndex:
         ]
 
     def postgres_create(self) -> list[str]:
-        return [
-            f"CREATE INDEX {self.gin_index} ON {self.table.name} "
-            f"USING gin (to_tsvector('{TS_CONFIG}'::regconfig, {self.column}))"
-        ]
+        return [f"CREATE INDEX {self.gin_index} ON {self.table.name} USING gin ({pg_document(self.column)})"]
 
     def postgres_drop(self) -> list[str]:
         return [f"DROP INDEX IF EXISTS {self.gin_index}"]

@@ -14,7 +14,8 @@ import re
 __all__ = ["MAX_TERMS", "query_terms"]
 
 MAX_TERMS = 32
-_WORD = re.compile(r"\w+", re.UNICODE)
+# Letters and digits, as FTS5's unicode61 and Postgres' [:alnum:] see words.
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
 
 
 def query_terms(query: str) -> list[str]:

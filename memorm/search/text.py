@@ -15,9 +15,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql import ColumnElement, FromClause
 
 from memorm.page import Page
-from memorm.search.fts_ddl import TS_CONFIG, FullTextIndex
+from memorm.search.fts_ddl import TS_CONFIG, FullTextIndex, pg_document
 from memorm.search.terms import query_terms
-from memorm.translate import translating
+from memorm.translate import guarded
 from memorm.validation import check_limit
 
 __all__ = ["search_page"]
@@ -36,9 +36,9 @@ def _sqlite(index: FullTextIndex, terms: list[str]) -> tuple[FromClause, ColumnE
 
 
 def _postgres(index: FullTextIndex, terms: list[str]) -> tuple[FromClause, ColumnElement[bool], Any]:
-    # A literal, not a parameter: the expression must match the GIN index's.
+    # Literal SQL, not parameters: the expression must match the GIN index's.
+    document: ColumnElement[Any] = sa.literal_column(pg_document(f"{index.table.name}.{index.column}"))
     config: ColumnElement[Any] = sa.literal_column(f"'{TS_CONFIG}'::regconfig")
-    document = sa.func.to_tsvector(config, index.table.c[index.column])
     query = sa.func.plainto_tsquery(config, sa.bindparam("fts_query", " ".join(terms)))
     # Normalisation 1 divides by 1 + log(length): shorter matches rank higher, as with bm25.
     return index.table, document.op("@@")(query), -sa.func.ts_rank(document, query, 1)
@@ -59,7 +59,7 @@ async def search_page(
     terms = query_terms(query)
     if not terms:
         return Page(items=[], total=0, limit=limit, offset=offset)
-    with translating():
+    async with guarded(session):
         dialect = (await session.connection()).dialect.name
         build = _sqlite if dialect == "sqlite" else _postgres
         source, match, rank = build(index, terms)

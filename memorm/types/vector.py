@@ -8,12 +8,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from pgvector import Vector
-from pgvector.sqlalchemy import VECTOR
+from pgvector import HalfVector, Vector
+from pgvector.sqlalchemy import HALFVEC, VECTOR
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeEngine
 
-__all__ = ["VectorType", "pack_float32", "unpack_float32"]
+__all__ = ["VectorType", "pack_float16", "pack_float32", "unpack_float16", "unpack_float32"]
 
 _SWAP = sys.byteorder != "little"  # stored bytes are little-endian everywhere
 
@@ -33,6 +33,35 @@ def unpack_float32(data: bytes) -> list[float]:
     if _SWAP:
         unpacked.byteswap()
     return unpacked.tolist()
+
+
+def pack_float16(values: Sequence[float]) -> bytes:
+    """Little-endian float16 bytes of ``values`` (numpy rounds to nearest)."""
+    import numpy as np
+
+    return np.asarray(values, dtype="<f2").tobytes()
+
+
+def unpack_float16(data: bytes) -> list[float]:
+    """The floats of :func:`pack_float16`'s bytes."""
+    import numpy as np
+
+    result: list[float] = np.frombuffer(data, dtype="<f2").astype(np.float64).tolist()
+    return result
+
+
+class _BinaryHalfVector(HALFVEC):
+    """pgvector's ``halfvec``, through the binary asyncpg codec (see :class:`_BinaryVector`)."""
+
+    cache_ok = True
+
+    def bind_processor(self, dialect: Dialect) -> Callable[[Any], Any]:
+        def process(value: Any) -> Any:
+            if value is None or isinstance(value, HalfVector):
+                return value
+            return HalfVector(value if not isinstance(value, tuple) else list(value))
+
+        return process
 
 
 class _BinaryVector(VECTOR):
@@ -58,32 +87,39 @@ class _BinaryVector(VECTOR):
 class VectorType(sa.types.TypeDecorator[list[float]]):
     """A float vector of any dimension; each row records its own dimension.
 
-    Postgres stores a dimensionless ``vector`` so embeddings of several models
-    (384-d beside 1536-d) share one column; per-model HNSW indexes are
-    expression indexes with a cast.  SQLite stores little-endian float32 bytes,
-    which numpy reads without copying.
+    Postgres stores a dimensionless ``vector`` (``halfvec`` with ``half=True``)
+    so embeddings of several models (384-d beside 1536-d) share one column;
+    per-model HNSW indexes are partial expression indexes with a cast.  SQLite
+    stores little-endian float32 (float16) bytes, which numpy reads without
+    copying.
+
+    Args:
+        half: store 16-bit floats: half the space, about 3 significant digits.
     """
 
     impl = sa.LargeBinary
     cache_ok = True
 
+    def __init__(self, half: bool = False) -> None:
+        super().__init__()
+        self.half = half
+
     def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
         if dialect.name == "postgresql":
-            return dialect.type_descriptor(_BinaryVector())
+            return dialect.type_descriptor(_BinaryHalfVector() if self.half else _BinaryVector())
         return dialect.type_descriptor(sa.LargeBinary())
 
     def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
-        if value is None:
-            return None
-        if dialect.name == "postgresql":
+        if value is None or dialect.name == "postgresql":
             return value
-        return pack_float32(value)
+        return pack_float16(value) if self.half else pack_float32(value)
 
     def process_result_value(self, value: Any, dialect: Dialect) -> list[float] | None:
         if value is None:
             return None
         if isinstance(value, (bytes, memoryview)):
-            return unpack_float32(bytes(value))
-        if isinstance(value, Vector):
+            data = bytes(value)
+            return unpack_float16(data) if self.half else unpack_float32(data)
+        if isinstance(value, (Vector, HalfVector)):
             return value.to_list()
         return list(value)

@@ -81,11 +81,15 @@ def upgrade() -> None:
         *_row_columns(),
         sa.Column("agent_id", memorm.types.UUIDType(), nullable=False),
         sa.Column("text", sa.Text(), nullable=False),
-        sa.Column("embedding", memorm.types.VectorType(), nullable=False),
+        sa.Column("embedding", memorm.types.VectorType(), nullable=True),
+        sa.Column("embedding_half", memorm.types.VectorType(half=True), nullable=True),
         sa.Column("embedding_model", sa.Text(), nullable=False),
         sa.Column("embedding_dim", sa.Integer(), nullable=False),
         sa.ForeignKeyConstraint(
             ["agent_id"], ["agents.id"], name=op.f("fk_archival_passages_agent_id_agents"), ondelete="CASCADE"
+        ),
+        sa.CheckConstraint(
+            "(embedding IS NULL) <> (embedding_half IS NULL)", name=op.f("ck_archival_passages_one_embedding")
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_archival_passages")),
     )

@@ -1,7 +1,7 @@
 """full-text search over messages and archival passages
 
 SQLite: external-content FTS5 tables kept in sync by triggers.
-Postgres: GIN indexes on to_tsvector('simple', text).
+Postgres: GIN indexes on to_tsvector('simple', the text's letters and digits).
 A frozen copy of memorm.search.fts_ddl as of this revision.
 
 Revision ID: 0002
@@ -42,9 +42,12 @@ def upgrade() -> None:
             for statement in _sqlite_create(table, column):
                 op.execute(statement)
         else:
+            # Letters and digits only, as FTS5's unicode61 splits words; the first
+            # 100,000 characters, since a tsvector is capped at 1 MB.
             op.execute(
-                f"CREATE INDEX ix_{table}_{column}_fts ON {table} "
-                f"USING gin (to_tsvector('simple'::regconfig, {column}))"
+                f"CREATE INDEX ix_{table}_{column}_fts ON {table} USING gin "
+                f"(to_tsvector('simple'::regconfig, "
+                f"regexp_replace(left({column}, 100000), '[^[:alnum:]]+', ' ', 'g')))"
             )
 
 

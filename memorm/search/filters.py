@@ -1,0 +1,104 @@
+"""``where=`` filters for archival passages: ``meta`` keys and ``created_at`` ranges, in SQL.
+
+A filter is a dict::
+
+    {"topic": "cats"}                            # meta["topic"] == "cats"
+    {"lang": {"$in": ["en", "fr"]}}              # meta["lang"] is one of these
+    {"created_at": {"$gte": start, "$lt": end}}  # a time range ($gt, $gte, $lt, $lte)
+
+Several keys must all hold.  Values compare with their JSON types (``1`` is
+not ``"1"``; ``True`` is not ``1``).  Postgres uses jsonb containment
+(``meta @> {...}``, which a GIN index on ``meta`` can serve); SQLite compares
+``json_type`` and ``json_extract``.  Meta keys are letters, digits, ``_`` and
+``-``, so none can reach a JSON path as syntax.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.sql import ColumnElement
+
+from memorm.errors import ValidationError
+from memorm.types import JSONType
+from memorm.validation import check_aware, check_json
+
+__all__ = ["Filter", "compile_filter"]
+
+Filter = Mapping[str, Any]
+
+_KEY = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_RANGE = {"$gt": "__gt__", "$gte": "__ge__", "$lt": "__lt__", "$lte": "__le__"}
+_MAX_IN = 1000
+
+
+def _sqlite_json_type(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ("null",)
+    if value is True:
+        return ("true",)
+    if value is False:
+        return ("false",)
+    if isinstance(value, (int, float)):
+        return ("integer", "real")
+    return ("text",)
+
+
+def _equals(dialect: str, meta: sa.Column[Any], key: str, value: Any) -> ColumnElement[bool]:
+    if dialect == "postgresql":
+        return meta.op("@>")(sa.bindparam(None, {key: value}, type_=JSONType()))
+    path = f'$."{key}"'
+    kind = sa.func.json_type(meta, path).in_(_sqlite_json_type(value))
+    if value is None or isinstance(value, bool):
+        return kind
+    return sa.and_(kind, sa.func.json_extract(meta, path) == value)
+
+
+def compile_filter(dialect: str, table: sa.Table, where: Filter | None) -> list[ColumnElement[bool]]:
+    """SQL conditions for ``where`` on ``table`` (which has ``meta`` and ``created_at``)."""
+    if where is None:
+        return []
+    if not isinstance(where, Mapping):
+        raise ValidationError(f"where: expected a dict, got {type(where).__name__}")
+    conditions: list[ColumnElement[bool]] = []
+    for key, condition in where.items():
+        if key == "created_at":
+            conditions += _time_range(table.c.created_at, condition)
+            continue
+        if not isinstance(key, str) or not _KEY.match(key):
+            raise ValidationError(f"where: meta key {key!r} must be 1-64 letters, digits, '_' or '-'")
+        if isinstance(condition, Mapping):
+            if set(condition) != {"$in"}:
+                raise ValidationError(f"where.{key}: use a value, or {{'$in': [values]}}")
+            options = condition["$in"]
+            if not isinstance(options, (list, tuple)) or not 1 <= len(options) <= _MAX_IN:
+                raise ValidationError(f"where.{key}.$in: expected a list of 1 to {_MAX_IN} values")
+            for option in options:
+                _check_scalar(option, key)
+            conditions.append(sa.or_(*(_equals(dialect, table.c.meta, key, v) for v in options)))
+        else:
+            _check_scalar(condition, key)
+            conditions.append(_equals(dialect, table.c.meta, key, condition))
+    return conditions
+
+
+def _check_scalar(value: Any, key: str) -> None:
+    if not (value is None or isinstance(value, (str, int, float, bool))):
+        raise ValidationError(f"where.{key}: compare with a string, number, bool or None")
+    check_json(value, f"where.{key}")
+
+
+def _time_range(column: sa.Column[Any], condition: Any) -> list[ColumnElement[bool]]:
+    if not isinstance(condition, Mapping) or not condition or not set(condition) <= set(_RANGE):
+        raise ValidationError("where.created_at: expected {'$gte': datetime, '$lt': datetime, …}")
+    bounds: list[ColumnElement[bool]] = []
+    for operator, bound in condition.items():
+        if not isinstance(bound, datetime):
+            raise ValidationError(f"where.created_at.{operator}: expected an aware datetime")
+        check_aware(bound, f"where.created_at.{operator}")
+        bounds.append(getattr(column, _RANGE[operator])(bound))
+    return bounds
