@@ -222,37 +222,41 @@ async def _load(session: AsyncSession, agent_id: uuid.UUID, model: EmbeddingMode
     return _Matrix(version, ids, vectors, norms, {passage_id: i for i, passage_id in enumerate(ids)})
 
 
+def _metric(vectors: NDArray[Any], norms: NDArray[Any], query: NDArray[Any], metric: str) -> NDArray[Any]:
+    """Each row's distance to ``query``, in the arrays' precision (NaN for a zero-norm cosine)."""
+    dots = vectors @ query
+    if metric == "cosine":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            result: NDArray[Any] = 1.0 - dots / (norms * np.linalg.norm(query))
+        return result
+    if metric == "l2":
+        squared: NDArray[Any] = norms * norms - 2 * dots + query @ query
+        return np.sqrt(np.maximum(squared, 0.0))
+    negated: NDArray[Any] = -dots
+    return negated
+
+
 def _distances(
     matrix: _Matrix, rows: NDArray[np.intp] | None, query: NDArray[np.float64], metric: str, want: int
 ) -> list[tuple[int, float]]:
-    """Row positions and exact distances of the ``want`` nearest rows (float32 screen, float64 finish)."""
+    """Row positions and distances of the ``want`` nearest rows.
+
+    A float32 pass over the whole matrix picks candidates (with a margin, so
+    rounding cannot drop a true neighbour); float64 then gives their exact
+    distances.
+    """
     vectors = matrix.vectors if rows is None else matrix.vectors[rows]
+    norms = matrix.norms if rows is None else matrix.norms[rows]
     positions = np.arange(len(matrix.ids)) if rows is None else rows
     if len(vectors) == 0:
         return []
-    q32 = query.astype(np.float32)
-    dots = vectors @ q32
-    if metric == "cosine":
-        norms = matrix.norms if rows is None else matrix.norms[rows]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            screen = 1.0 - dots / (norms * np.float32(np.linalg.norm(query)))
-    elif metric == "l2":
-        norms = matrix.norms if rows is None else matrix.norms[rows]
-        screen = norms * norms - 2 * dots
-    else:
-        screen = -dots
-    screen = np.nan_to_num(screen, nan=np.inf)
-    # Keep a margin past `want` so float32 rounding cannot drop a true neighbour.
+    screen = np.nan_to_num(_metric(vectors, norms, query.astype(np.float32), metric), nan=np.inf)
     keep = min(len(screen), want + max(16, want))
     candidates = np.argpartition(screen, keep - 1)[:keep] if keep < len(screen) else np.arange(len(screen))
     exact = vectors[candidates].astype(np.float64)
-    if metric == "cosine":
-        with np.errstate(divide="ignore", invalid="ignore"):
-            final = 1.0 - (exact @ query) / (np.linalg.norm(exact, axis=1) * np.linalg.norm(query))
-    elif metric == "l2":
+    final = _metric(exact, np.linalg.norm(exact, axis=1), query, metric)
+    if metric == "l2":  # the expanded form loses digits; take the difference directly
         final = np.linalg.norm(exact - query, axis=1)
-    else:
-        final = -(exact @ query)
     return [(int(positions[c]), float(d)) for c, d in zip(candidates, final, strict=True)]
 
 
