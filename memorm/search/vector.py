@@ -231,7 +231,8 @@ def _metric(vectors: NDArray[Any], norms: NDArray[Any], query: NDArray[Any], met
         return result
     if metric == "l2":
         squared: NDArray[Any] = norms * norms - 2 * dots + query @ query
-        return np.sqrt(np.maximum(squared, 0.0))
+        distances: NDArray[Any] = np.sqrt(np.maximum(squared, 0.0))
+        return distances
     negated: NDArray[Any] = -dots
     return negated
 
