@@ -158,7 +158,7 @@ async def _pg_nearest(
         .limit(k)
         .offset(offset)
     )
-    return [(passage_id, float(value)) for passage_id, value in rows.tuples()]
+    return [(row[0], float(row[1])) for row in (tuple(found) for found in rows)]
 
 
 # -- SQLite ------------------------------------------------------------------------------------
@@ -213,7 +213,8 @@ async def _load(session: AsyncSession, agent_id: uuid.UUID, model: EmbeddingMode
     )
     ids: list[uuid.UUID] = []
     blobs: list[bytes] = []
-    for passage_id, blob in rows.tuples():
+    for row in rows:
+        passage_id, blob = tuple(row)
         ids.append(passage_id)
         blobs.append(blob)
     dtype = "<f2" if half else "<f4"
