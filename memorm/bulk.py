@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from memorm.translate import guarded
+from memorm.translate import check_writable, guarded
 
 __all__ = ["COPY_THRESHOLD", "insert_rows"]
 
@@ -39,6 +39,7 @@ async def insert_rows(
     """Insert ``rows`` (tuples of values in ``columns`` order) into ``table``."""
     if not rows:
         return
+    check_writable(session)
     async with guarded(session):
         connection = await session.connection()
         dialect = connection.dialect

@@ -24,7 +24,7 @@ from memorm.config import resolve_url
 from memorm.errors import DatabaseError, MemormError, SchemaError
 from memorm.search.vector import VectorCache
 from memorm.tokens import TokenCounter, estimate_tokens
-from memorm.translate import translate
+from memorm.translate import READ_ONLY, translate
 from memorm.types.json import dumps, loads
 
 if TYPE_CHECKING:
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 __all__ = ["SQLITE_BUSY_TIMEOUT_MS", "Database"]
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
-READ_ONLY = "memorm_read_only"  # execution option: a unit of work that never writes
 
 
 class Database:
@@ -75,10 +74,14 @@ class Database:
         options.update(engine_options)
         self.engine: AsyncEngine = create_async_engine(self.url, **options)
         self.sessions = async_sessionmaker(self.engine, expire_on_commit=False, autoflush=False)
+        # Read-only units of work run each statement on its own: no BEGIN/COMMIT
+        # round trips.  Postgres' READ COMMITTED gives every statement a fresh
+        # snapshot inside a transaction too, so nothing is lost there.
+        reader: dict[str, Any] = {READ_ONLY: True}
+        if self.dialect == "postgresql":
+            reader["isolation_level"] = "AUTOCOMMIT"
         self._read_sessions = async_sessionmaker(
-            self.engine.execution_options(**{READ_ONLY: True}),
-            expire_on_commit=False,
-            autoflush=False,
+            self.engine.execution_options(**reader), expire_on_commit=False, autoflush=False
         )
         self._schema_ok = False
         self._schema_lock = anyio.Lock()
@@ -123,8 +126,10 @@ class Database:
     def unit_of_work(self, *, read_only: bool = False) -> UnitOfWork:
         """A new :class:`~memorm.uow.UnitOfWork` (use it with ``async with``).
 
-        ``read_only=True`` promises the unit of work only reads: on SQLite it then
-        runs beside a writer instead of queueing for the write lock.
+        ``read_only=True`` promises the unit of work only reads (writes raise
+        ``ValidationError``): it runs without a transaction, each statement
+        seeing the latest commit, and on SQLite beside a writer instead of
+        queueing for the write lock.
         """
         from memorm.uow import UnitOfWork
 
@@ -206,8 +211,10 @@ def _setup_sqlite(engine: AsyncEngine) -> None:
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(connection: Any) -> None:
-        read_only = connection.get_execution_options().get(READ_ONLY, False)
-        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+        # Readers run in autocommit (no BEGIN): each statement sees the latest
+        # commit, and WAL lets them run beside the writer.
+        if not connection.get_execution_options().get(READ_ONLY, False):
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def _setup_postgres(engine: AsyncEngine) -> None:

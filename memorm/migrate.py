@@ -120,7 +120,7 @@ async def create_all(db: Database) -> None:
 
 async def current_revision(db: Database) -> str | None:
     """The schema's current revision, or None where memorm never migrated."""
-    from memorm.db import READ_ONLY
+    from memorm.translate import READ_ONLY
 
     engine = db.engine.execution_options(**{READ_ONLY: True})
     async with engine.connect() as connection:

@@ -26,7 +26,16 @@ from memorm.errors import (
     ValidationError,
 )
 
-__all__ = ["FAILED", "SHIELD", "failure", "guarded", "translate", "translating"]
+__all__ = [
+    "FAILED",
+    "READ_ONLY",
+    "SHIELD",
+    "check_writable",
+    "failure",
+    "guarded",
+    "translate",
+    "translating",
+]
 
 UPGRADE_HINT = "run `memorm db upgrade` (or `await db.upgrade()`)"
 
@@ -111,6 +120,13 @@ def translate(error: BaseException) -> MemormError | None:
 
 SHIELD = "memorm_shield_statements"  # AsyncSession.info keys, set by the unit of work
 FAILED = "memorm_failed"
+READ_ONLY = "memorm_read_only"
+
+
+def check_writable(session: AsyncSession) -> None:
+    """Refuse a write in a read-only unit of work (it would commit at once, unasked)."""
+    if session.info.get(READ_ONLY, False):
+        raise ValidationError("this unit of work is read-only: open db.unit_of_work() to write")
 
 
 def failure(session: AsyncSession) -> MemormError | None:

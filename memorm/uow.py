@@ -26,7 +26,7 @@ from memorm.repositories import (
     PassageRepository,
     SessionRepository,
 )
-from memorm.translate import FAILED, SHIELD, failure, translating
+from memorm.translate import FAILED, READ_ONLY, SHIELD, failure, translating
 
 if TYPE_CHECKING:
     from memorm.db import Database
@@ -66,6 +66,7 @@ class UnitOfWork:
             await self._writer.acquire()
         self.session = self.db.new_session(read_only=self.read_only)
         self.session.info[SHIELD] = self.db.dialect == "sqlite"
+        self.session.info[READ_ONLY] = self.read_only
         self.agents = AgentRepository(self.session)
         self.sessions = SessionRepository(self.session)
         self.messages = MessageRepository(self.session, token_counter=self.db.token_counter)

@@ -145,3 +145,22 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             f"(first: {_skipped_postgres[0]}); failing the run",
             red=True,
         )
+
+
+# -- shared helpers -------------------------------------------------------------
+
+
+async def count_rows(db: Database, table: str, **where: uuid.UUID) -> int:
+    """Rows of ``table`` (matching ``column=uuid`` filters), counted with raw SQL in a fresh unit of work."""
+    import sqlalchemy as sa
+
+    from memorm.types import UUIDType
+
+    sql = f"SELECT count(*) FROM {table}"
+    if where:
+        sql += " WHERE " + " AND ".join(f"{column} = :{column}" for column in where)
+    statement = sa.text(sql).bindparams(
+        *(sa.bindparam(column, value, type_=UUIDType()) for column, value in where.items())
+    )
+    async with db.unit_of_work(read_only=True) as uow:
+        return int((await uow.session.execute(statement)).scalar_one())

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql import Executable, Select
 
 from memorm.page import Page
-from memorm.translate import guarded
+from memorm.translate import check_writable, guarded
 from memorm.validation import check_limit
 
 __all__ = ["Repository"]
@@ -27,6 +27,8 @@ class Repository:
         self.session = session
 
     async def _execute(self, statement: Executable, params: Any = None) -> Result[Any]:
+        if getattr(statement, "is_dml", False):
+            check_writable(self.session)
         async with guarded(self.session):
             return await self.session.execute(statement, params)
 
@@ -42,6 +44,7 @@ class Repository:
         SAVEPOINT only the savepoint is lost, so a caller that catches the
         ``ConflictError`` can carry on with the unit of work.
         """
+        check_writable(self.session)
         async with guarded(self.session, recoverable=True), self.session.begin_nested():
             yield
 

@@ -52,6 +52,7 @@ __all__ = ["METRICS", "ScoredPassage", "VectorCache", "ensure_index", "index_nam
 METRICS = ("cosine", "l2", "inner_product")
 _OPERATORS = {"cosine": "<=>", "l2": "<->", "inner_product": "<#>"}
 _OPS_CLASS = {"cosine": "cosine_ops", "l2": "l2_ops", "inner_product": "ip_ops"}
+DEFAULT_EF_SEARCH = 40  # pgvector's own default
 _THREAD_ABOVE = 200_000  # matrix cells; smaller searches run inline (a thread hop costs ~0.1 ms)
 
 
@@ -147,10 +148,15 @@ async def _pg_nearest(
     vector_type = VectorType(half=model.precision == "float16")
     target = sa.cast(sa.bindparam("query", query, type_=vector_type), _pg_column(model).type)
     distance = _pg_column(model).op(_OPERATORS[metric], return_type=sa.Float)(target).label("distance")
-    if ef_search is not None:
-        await session.execute(sa.select(sa.func.set_config("hnsw.ef_search", str(ef_search), True)))
-    # With filters (the agent, at least) an index scan must keep going until k rows pass them.
-    await session.execute(sa.select(sa.func.set_config("hnsw.iterative_scan", "strict_order", True)))
+    # Session-level settings (read-only units of work have no transaction for SET
+    # LOCAL), set by every search, so one search's values never leak into another.
+    # With filters (the agent, at least) an index scan must go on until k rows pass.
+    await session.execute(
+        sa.select(
+            sa.func.set_config("hnsw.ef_search", str(ef_search or DEFAULT_EF_SEARCH), False),
+            sa.func.set_config("hnsw.iterative_scan", "strict_order", False),
+        )
+    )
     rows = await session.execute(
         sa.select(PASSAGES.c.id, distance)
         .where(_model_predicate(model), *where)

@@ -1,0 +1,158 @@
+"""Migrations: alembic builds exactly the schema the models describe, up and down, on both engines."""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from conftest import POSTGRES_URL, Store, asyncpg_dsn
+from sqlalchemy.engine import Connection, make_url
+
+from memorm import Database, SchemaError, metadata
+from memorm.migrate import head_revision, include_name
+
+pytestmark = pytest.mark.anyio
+
+TABLES = {"agents", "sessions", "messages", "archival_passages"}
+REPO = Path(__file__).resolve().parents[1]
+ALEMBIC = Path(sys.executable).parent / "alembic"
+
+
+async def _tables(db: Database) -> set[str]:
+    async with db.engine.connect() as connection:
+        names: list[str] = await connection.run_sync(lambda c: sa.inspect(c).get_table_names())
+    return set(names)
+
+
+async def _drift(db: Database) -> list[Any]:
+    def compare(connection: Connection) -> list[Any]:
+        # The same filter env.py uses: full-text indexes live outside the models.
+        opts = {"compare_type": True, "include_name": include_name}
+        context = MigrationContext.configure(connection, opts=opts)
+        return list(compare_metadata(context, metadata))
+
+    async with db.engine.connect() as connection:
+        return await connection.run_sync(compare)
+
+
+async def _writes_and_reads(db: Database) -> None:
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create(f"sam-{uuid.uuid4().hex[:8]}")
+        chat = await uow.sessions.create(agent.id)
+        await uow.messages.append(chat.id, {"role": "user", "content": "hi"})
+        await uow.passages.add(agent.id, "fact", [1.0, 2.0])
+    async with db.unit_of_work() as uow:
+        assert [m.content for m in await uow.messages.window(chat.id)] == ["hi"]
+        assert await uow.passages.count(agent.id) == 1
+
+
+async def test_upgrade_creates_the_tables_at_the_head_revision(store: Store) -> None:
+    async with store.database() as db:
+        assert await db.current_revision() is None
+        await db.upgrade()
+        assert await _tables(db) >= TABLES
+        assert await db.current_revision() == head_revision()
+        await db.upgrade()  # already at head: nothing to do
+        assert await db.current_revision() == head_revision()
+        await _writes_and_reads(db)
+
+
+async def test_downgrade_to_base_removes_the_tables_and_upgrade_rebuilds_them(store: Store) -> None:
+    async with store.database() as db:
+        await db.upgrade()
+        await _writes_and_reads(db)
+        await db.downgrade("base")
+        assert not TABLES & await _tables(db)
+        assert await db.current_revision() is None
+        with pytest.raises(SchemaError, match="memorm db upgrade"):
+            async with db.unit_of_work() as uow:
+                await uow.agents.list()
+        await db.upgrade()
+        assert await _tables(db) >= TABLES
+        assert await db.current_revision() == head_revision()
+        async with db.unit_of_work() as uow:
+            assert (await uow.agents.list()).total == 0  # the old rows went with the tables
+        await _writes_and_reads(db)
+
+
+async def test_migrated_schema_has_no_drift_from_the_models(store: Store) -> None:
+    async with store.database() as db:
+        await db.upgrade()
+        assert await _drift(db) == []
+        # The comparison really looks: a column the models lack shows up.
+        async with db.engine.begin() as connection:
+            await connection.execute(sa.text("ALTER TABLE agents ADD COLUMN stray INTEGER"))
+        assert [(d[0], d[2], d[3].name) for d in await _drift(db)] == [("remove_column", "agents", "stray")]
+
+
+async def test_create_all_stamps_head_and_matches_the_models(store: Store) -> None:
+    async with store.database() as db:
+        await db.create_all()
+        assert await db.current_revision() == head_revision()
+        assert await _drift(db) == []
+        await _writes_and_reads(db)
+        await db.upgrade()  # a created schema counts as migrated: upgrading is a no-op
+        await _writes_and_reads(db)
+
+
+# -- the real `alembic` command line -------------------------------------------
+
+
+async def _alembic(url: str, *args: str) -> str:
+    result = await anyio.run_process(
+        [str(ALEMBIC), "-c", "alembic.ini", "-x", f"url={url}", *args], cwd=REPO, check=False
+    )
+    output = result.stdout.decode() + result.stderr.decode()
+    assert result.returncode == 0, f"alembic {' '.join(args)} failed:\n{output}"
+    return output
+
+
+async def _cli_round_trip(url: str, tables: Any) -> None:
+    await _alembic(url, "upgrade", "head")
+    assert await tables() >= TABLES
+    assert head_revision() in await _alembic(url, "current")
+    assert "No new upgrade operations detected" in await _alembic(url, "check")
+    await _alembic(url, "downgrade", "base")
+    assert not TABLES & await tables()
+
+
+async def test_alembic_command_line_upgrades_checks_and_downgrades(engine: str, tmp_path: Path) -> None:
+    if engine == "sqlite":
+        path = tmp_path / "cli.db"
+
+        async def sqlite_tables() -> set[str]:
+            with sqlite3.connect(path) as connection:
+                rows = connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+            return {name for (name,) in rows}
+
+        await _cli_round_trip(f"sqlite+aiosqlite:///{path}", sqlite_tables)
+        return
+
+    # The CLI cannot take a search_path, so it gets a database of its own.
+    name = f"memorm_cli_{uuid.uuid4().hex[:12]}"
+    url = make_url(POSTGRES_URL).set(database=name)
+    admin = await asyncpg.connect(asyncpg_dsn())
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+
+        async def postgres_tables() -> set[str]:
+            connection = await asyncpg.connect(asyncpg_dsn(url.render_as_string(hide_password=False)))
+            try:
+                rows = await connection.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+            finally:
+                await connection.close()
+            return {row["tablename"] for row in rows}
+
+        await _cli_round_trip(url.render_as_string(hide_password=False), postgres_tables)
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()

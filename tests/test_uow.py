@@ -1,0 +1,207 @@
+"""The unit of work: one transaction that commits on clean exit and rolls back otherwise."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import anyio
+import pytest
+import sqlalchemy as sa
+from conftest import Store, count_rows
+from sqlalchemy.engine import make_url
+
+from memorm import Database, SchemaError
+
+pytestmark = pytest.mark.anyio
+
+
+class Boom(Exception):
+    """The user's own error, raised inside a unit of work."""
+
+
+async def _table_counts(db: Database) -> list[int]:
+    return [await count_rows(db, t) for t in ("agents", "sessions", "messages", "archival_passages")]
+
+
+async def test_clean_exit_commits_every_repositorys_writes(db: Database) -> None:
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create("sam")
+        chat = await uow.sessions.create(agent.id)
+        await uow.messages.append(chat.id, {"role": "user", "content": "hi"})
+        await uow.passages.add(agent.id, "fact", [1.0, 0.0])
+    assert await _table_counts(db) == [1, 1, 1, 1]
+
+
+async def test_exception_in_the_body_rolls_back_every_repository_call(db: Database) -> None:
+    async with db.unit_of_work() as uow:
+        existing = await uow.agents.create("existing")
+        existing_chat = await uow.sessions.create(existing.id)
+
+    async def failing_unit() -> None:
+        async with db.unit_of_work() as uow:
+            agent = await uow.agents.create("sam")
+            chat = await uow.sessions.create(agent.id)
+            await uow.messages.append(existing_chat.id, {"role": "user", "content": "lost"})
+            await uow.agents.update(existing.id, system="lost")
+            await uow.passages.add(agent.id, "lost", [1.0])
+            raise Boom  # user code fails between repository calls
+            await uow.messages.append(chat.id, {"role": "user"})  # never reached
+
+    with pytest.raises(Boom):
+        await failing_unit()
+    assert await _table_counts(db) == [1, 1, 0, 0]
+    async with db.unit_of_work() as uow:
+        assert await uow.agents.get_by_name("sam") is None
+        kept = await uow.agents.get(existing.id)
+        assert (kept.system, kept.version) == ("", 1)
+        assert (await uow.sessions.get(existing_chat.id)).next_seq == 1
+
+
+async def test_explicit_commit_keeps_its_part_when_the_body_later_raises(db: Database) -> None:
+    async def failing_unit() -> None:
+        async with db.unit_of_work() as uow:
+            kept = await uow.agents.create("kept")
+            await uow.commit()
+            await uow.agents.create("lost")
+            await uow.sessions.create(kept.id)
+            raise Boom
+
+    with pytest.raises(Boom):
+        await failing_unit()
+    async with db.unit_of_work() as uow:
+        page = await uow.agents.list()
+    assert [a.name for a in page.items] == ["kept"]
+    assert await count_rows(db, "sessions") == 0
+
+
+async def test_explicit_rollback_discards_writes_since_the_last_commit(db: Database) -> None:
+    async with db.unit_of_work() as uow:
+        first_id = (await uow.agents.create("first")).id
+        await uow.commit()
+        await uow.agents.create("discarded")
+        # The rollback expires the objects this update refreshed, so keep the plain id.
+        await uow.agents.update(first_id, system="discarded")
+        await uow.rollback()
+        await uow.agents.create("after")  # the unit of work stays usable
+    async with db.unit_of_work() as uow:
+        names = sorted(a.name for a in (await uow.agents.list()).items)
+        assert (await uow.agents.get(first_id)).system == ""
+    assert names == ["after", "first"]
+
+
+async def test_cancelled_unit_of_work_rolls_back_and_returns_its_connection(db: Database) -> None:
+    written = anyio.Event()
+
+    async def worker() -> None:
+        async with db.unit_of_work() as uow:
+            agent = await uow.agents.create("cancelled")
+            await uow.sessions.create(agent.id)
+            written.set()
+            await anyio.sleep_forever()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker)
+        await written.wait()
+        assert db.engine.pool.checkedout() == 1
+        tg.cancel_scope.cancel()
+
+    assert db.engine.pool.checkedout() == 0
+    assert await _table_counts(db) == [0, 0, 0, 0]
+    async with db.unit_of_work() as uow:  # the database is still writable
+        await uow.agents.create("cancelled")
+    assert await count_rows(db, "agents") == 1
+
+
+async def _assert_nothing_holds_a_write_lock(db: Database, store: Store) -> None:
+    if db.dialect == "sqlite":
+        probe = sqlite3.connect(make_url(store.url).database or "", timeout=0, isolation_level=None)
+        try:
+            probe.execute("BEGIN IMMEDIATE")  # "database is locked" if a lost connection holds the lock
+            probe.execute("ROLLBACK")
+        finally:
+            probe.close()
+    else:
+        async with db.unit_of_work() as uow:
+            await uow.session.execute(sa.text("SELECT id FROM sessions FOR UPDATE NOWAIT"))
+
+
+async def test_cancelling_mid_statement_never_leaves_the_database_locked(db: Database, store: Store) -> None:
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create("sam")
+        chat = await uow.sessions.create(agent.id)
+    # Regression: on SQLite a cancelled BEGIN IMMEDIATE once kept the write lock for good,
+    # usually within the first 20 attempts.
+    for attempt in range(60):
+        # Cancel at a different point of the unit of work each time.
+        with anyio.move_on_after(attempt * 0.0002):
+            async with db.unit_of_work() as uow:
+                while True:
+                    await uow.messages.append(chat.id, [{"role": "user"}] * 20)
+        await anyio.sleep(0.005)
+        assert db.engine.pool.checkedout() == 0
+        await _assert_nothing_holds_a_write_lock(db, store)
+    async with db.unit_of_work() as uow:
+        assert await uow.messages.count(chat.id) == 0
+        assert (await uow.sessions.get(chat.id)).next_seq == 1
+
+
+async def test_uncommitted_writes_are_invisible_and_readers_do_not_wait_for_writers(db: Database) -> None:
+    async with db.unit_of_work() as uow:
+        await uow.agents.create("committed")
+    written, read = anyio.Event(), anyio.Event()
+    seen: list[str] = []
+
+    async def writer() -> None:
+        async with db.unit_of_work() as uow:
+            await uow.agents.create("uncommitted")
+            written.set()
+            await read.wait()
+
+    async def reader() -> None:
+        await written.wait()
+        with anyio.fail_after(5):
+            async with db.unit_of_work(read_only=True) as uow:
+                seen.extend(a.name for a in (await uow.agents.list()).items)
+        read.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer)
+        tg.start_soon(reader)
+    assert seen == ["committed"]
+    assert await count_rows(db, "agents") == 2
+
+
+async def test_unit_of_work_cannot_be_entered_twice_at_once(db: Database) -> None:
+    uow = db.unit_of_work()
+    async with uow:
+        with pytest.raises(RuntimeError, match="already open"):
+            await uow.__aenter__()
+        await uow.agents.create("sam")
+    assert await count_rows(db, "agents") == 1
+
+
+async def test_database_without_the_schema_raises_schema_error_naming_the_upgrade_command(
+    store: Store,
+) -> None:
+    async with store.database() as db:
+        with pytest.raises(SchemaError, match="memorm db upgrade"):
+            async with db.unit_of_work() as uow:
+                await uow.agents.create("sam")
+        with pytest.raises(SchemaError, match="memorm db upgrade"):
+            async with db.unit_of_work(read_only=True) as uow:
+                await uow.agents.list()
+        assert await db.current_revision() is None
+        assert db.engine.pool.checkedout() == 0
+
+
+async def test_a_second_database_on_the_same_store_sees_committed_writes(db: Database, store: Store) -> None:
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create("sam")
+        chat = await uow.sessions.create(agent.id)
+        await uow.messages.append(chat.id, {"role": "user", "content": "hi"})
+    async with store.database() as other, other.unit_of_work() as uow:
+        assert (await uow.agents.get(agent.id)).name == "sam"
+        assert [m.content for m in await uow.messages.window(chat.id)] == ["hi"]
+        await uow.messages.append(chat.id, {"role": "assistant", "content": "hello"})
+    async with db.unit_of_work() as uow:
+        assert [(m.seq, m.content) for m in await uow.messages.window(chat.id)] == [(1, "hi"), (2, "hello")]
