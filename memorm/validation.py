@@ -71,7 +71,7 @@ def check_json(value: object, field: str, *, _depth: int = 0) -> None:
         check_text(value, field)
     elif isinstance(value, int):
         # jsonb numbers are numerics, but JSON readers commonly choke past 2**63.
-        if abs(value) >= 2**63:
+        if not -(2**63) <= value < 2**63:
             raise ValidationError(f"{field}: integer {value:.3g} does not fit in 64 bits")
     elif isinstance(value, float):
         if not math.isfinite(value):

@@ -18,7 +18,20 @@ def dumps(value: Any) -> str:
     return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 
 
-loads = json.loads
+def _int_or_float(text: str) -> int | float:
+    """jsonb stores numbers as numerics and prints ``1e20`` as ``100000000000000000000``.
+
+    memorm refuses integers outside 64 bits on the way in, so one that comes
+    back out was a float: give it back as one.  (Integral floats from 1e16 to
+    2**63 still read back as ints on Postgres: jsonb keeps no trace of them.)
+    """
+    value = int(text)
+    return float(text) if not -(2**63) <= value < 2**63 else value
+
+
+def loads(text: str | bytes) -> Any:
+    """Parse JSON as stored by memorm (see :func:`_int_or_float`)."""
+    return json.loads(text, parse_int=_int_or_float)
 
 
 class JSONType(sa.types.TypeDecorator[Any]):
