@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql import ColumnElement
 
-from memorm.bulk import insert_rows
+from memorm.driver import fetch, insert_rows
 from memorm.errors import NotFoundError, ValidationError
 from memorm.models import AGENTS, MESSAGES, SESSIONS, Message, hydrate
 from memorm.page import Page
@@ -39,12 +39,19 @@ from memorm.repositories.message_input import (
 from memorm.search.fts_ddl import MESSAGES_FTS
 from memorm.search.text import search_page
 from memorm.tokens import TokenCounter, estimate_tokens
+from memorm.translate import check_writable, guarded
 from memorm.types import utcnow
 from memorm.validation import as_uuid, check_limit, check_text
 
 __all__ = ["MessageRepository"]
 
 _COLUMNS = tuple(column.name for column in MESSAGES.columns)
+_ALLOCATE = (
+    sa.update(SESSIONS)
+    .where(SESSIONS.c.id == sa.bindparam("session_id"))
+    .values(next_seq=SESSIONS.c.next_seq + sa.bindparam("count"), updated_at=sa.bindparam("now"))
+    .returning(SESSIONS.c.agent_id, SESSIONS.c.next_seq)
+)
 
 
 class MessageRepository(Repository):
@@ -413,19 +420,18 @@ class MessageRepository(Repository):
         return [hydrate(Message, dict(zip(_COLUMNS, row, strict=True))) for row in result]
 
     async def _allocate(self, key: uuid.UUID, count: int) -> tuple[uuid.UUID, int]:
-        """Take ``count`` numbers from the session's counter; returns (agent_id, new next_seq)."""
-        allocated = (
-            await self._execute(
-                sa.update(SESSIONS)
-                .where(SESSIONS.c.id == key)
-                .values(next_seq=SESSIONS.c.next_seq + count, updated_at=utcnow())
-                .returning(SESSIONS.c.agent_id, SESSIONS.c.next_seq)
-            )
-        ).first()
-        if allocated is None:
+        """Take ``count`` numbers from the session's counter; returns (agent_id, new next_seq).
+
+        The UPDATE locks the session row (Postgres) until the unit of work ends,
+        so concurrent appenders queue here and their numbers never interleave.
+        """
+        check_writable(self.session)
+        async with guarded(self.session):
+            rows = await fetch(self.session, _ALLOCATE, {"session_id": key, "count": count, "now": utcnow()})
+        if not rows:
             raise NotFoundError(f"no session {key}")
-        values: tuple[Any, ...] = tuple(allocated)
-        return values[0], values[1]
+        agent_id, end = rows[0]
+        return agent_id, int(end)
 
     async def _lock_session(self, key: uuid.UUID) -> tuple[uuid.UUID, int]:
         """Lock the session row (as appends do) for a multi-statement edit."""

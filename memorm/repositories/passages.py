@@ -18,7 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.sql import ColumnElement
 
-from memorm.bulk import insert_rows
+from memorm.driver import insert_rows
 from memorm.errors import ConflictError, NotFoundError, ValidationError
 from memorm.ids import uuid7
 from memorm.models import AGENTS, EMBEDDING_MODELS, PASSAGES, ArchivalPassage, EmbeddingModel, hydrate

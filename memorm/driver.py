@@ -1,7 +1,7 @@
-"""Bulk inserts: the one write path that goes to the driver directly.
+"""Statements that go to the driver directly, on the hot paths.
 
-SQLAlchemy's executemany costs about 1.3x the raw driver's and the ORM's
-``add_all`` about 5x, so large batches skip both:
+**Bulk inserts.** SQLAlchemy's executemany costs about 1.3x the raw driver's
+and the ORM's ``add_all`` about 5x, so batches skip both:
 
 * SQLite: the aiosqlite connection's own ``executemany`` with one INSERT.
 * Postgres: ``COPY … FROM STDIN (FORMAT binary)`` through asyncpg's
@@ -9,9 +9,15 @@ SQLAlchemy's executemany costs about 1.3x the raw driver's and the ORM's
   for batches of :data:`COPY_THRESHOLD` rows or more; smaller ones use a
   prepared INSERT (asyncpg's ``executemany``).
 
-Both run on the connection under the session, inside its transaction.  Values
-are converted by each column type's own bind processor, so the rows are
-exactly what an ORM INSERT would have sent.
+**Fetches on SQLite** (:func:`fetch`).  SQLAlchemy's aiosqlite adapter makes
+up to four thread hops per statement (cursor, execute, fetchall, close);
+aiosqlite's ``execute_fetchall`` makes one.  For the statements every append
+runs, that is most of the latency.  On Postgres, SQLAlchemy already costs one
+round trip per statement, and is used as is.
+
+Everything runs on the connection under the session, inside its transaction.
+Values go through each column type's own bind and result processors, so the
+rows are exactly what SQLAlchemy would have sent and returned.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from memorm.translate import check_writable, guarded
 
-__all__ = ["COPY_THRESHOLD", "insert_rows"]
+__all__ = ["COPY_THRESHOLD", "fetch", "insert_rows"]
 
 Processor = Callable[[Any], Any] | None
 COPY_THRESHOLD = 64  # rows; below this a prepared INSERT beats COPY's set-up on Postgres
@@ -97,3 +103,38 @@ def _insert_sql(dialect: Dialect, table: sa.Table, names: tuple[str, ...]) -> st
     if compiled.positiontup is None or list(compiled.positiontup) != list(names):
         raise RuntimeError("bulk insert expects positional parameters in column order")
     return str(compiled)
+
+
+async def fetch(session: AsyncSession, statement: Any, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Run ``statement`` (a module-level constant with named bind parameters); its rows.
+
+    The statement is compiled once per dialect and cached, so it must not be
+    built anew per call.
+    """
+    connection = await session.connection()
+    dialect = connection.dialect
+    if dialect.name != "sqlite":
+        return [tuple(row) for row in await connection.execute(statement, params)]
+    sql, names, binds, results = _compiled(dialect, statement)
+    values = [
+        v if p is None or v is None else p(v) for p, v in zip(binds, (params[n] for n in names), strict=True)
+    ]
+    driver: Any = (await connection.get_raw_connection()).driver_connection
+    rows = await driver.execute_fetchall(sql, values)
+    return [
+        tuple(v if p is None or v is None else p(v) for p, v in zip(results, row, strict=True))
+        for row in rows
+    ]
+
+
+@lru_cache(maxsize=64)
+def _compiled(
+    dialect: Dialect, statement: Any
+) -> tuple[str, tuple[str, ...], tuple[Processor, ...], tuple[Processor, ...]]:
+    compiled = statement.compile(dialect=dialect)
+    names = tuple(compiled.positiontup or ())
+    binds = tuple(compiled.binds[name].type._cached_bind_processor(dialect) for name in names)
+    results = tuple(
+        column.type._cached_result_processor(dialect, None) for column in statement.exported_columns
+    )
+    return str(compiled), names, binds, results
