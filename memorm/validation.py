@@ -30,6 +30,7 @@ __all__ = [
 
 MAX_JSON_DEPTH = 64
 MAX_PAGE = 1000
+FLOAT32_MAX = 3.4028234663852886e38  # vectors are stored as float32 (pgvector's too)
 
 
 def as_uuid(value: object, field: str = "id") -> uuid.UUID:
@@ -139,6 +140,6 @@ def check_vector(value: object, field: str = "embedding") -> list[float]:
         raise ValidationError(f"{field}: values must be numbers") from None
     if len(floats) != len(items):
         raise ValidationError(f"{field}: values must be numbers")
-    if not all(math.isfinite(x) for x in floats):
-        raise ValidationError(f"{field}: NaN and infinity cannot be stored")
+    if not all(-FLOAT32_MAX <= x <= FLOAT32_MAX for x in floats):  # also false for NaN
+        raise ValidationError(f"{field}: NaN, infinity and values beyond float32 cannot be stored")
     return floats

@@ -27,7 +27,15 @@ from memorm.repositories.base import Repository
 from memorm.search.filters import Filter, compile_filter
 from memorm.search.fts_ddl import PASSAGES_FTS
 from memorm.search.text import search_page
-from memorm.search.vector import ScoredPassage, VectorCache, check_metric, ensure_index, nearest, score_of
+from memorm.search.vector import (
+    ARCHIVE_WRITES,
+    ScoredPassage,
+    VectorCache,
+    check_metric,
+    ensure_index,
+    nearest,
+    score_of,
+)
 from memorm.types import utcnow
 from memorm.validation import as_uuid, check_json_object, check_limit, check_text, check_vector
 
@@ -46,6 +54,16 @@ def _check_model_name(name: object) -> str:
     if not model.strip():
         raise ValidationError("embedding_model: must not be blank")
     return model
+
+
+FLOAT16_MAX = 65504.0
+
+
+def _check_half(vectors: Iterable[Sequence[float]]) -> None:
+    """Values a float16 model can store (larger ones would become infinity)."""
+    for vector in vectors:
+        if max(map(abs, vector), default=0.0) > FLOAT16_MAX:
+            raise ValidationError(f"embedding: a float16 model stores values up to {FLOAT16_MAX:g}")
 
 
 def _check_k(k: object, field: str = "k") -> int:
@@ -167,6 +185,22 @@ class PassageRepository(Repository):
         """
         key = as_uuid(agent_id, "agent_id")
         checked = [self._check_item(item, index) for index, item in enumerate(items)]
+        # Every check before any write: a rejected batch registers no model and
+        # bumps no version, even if the caller carries on with the unit of work.
+        shapes: dict[str, int] = {}
+        for index, (name, item) in enumerate(checked):
+            dim = shapes.setdefault(name, len(item["vector"]))
+            if dim != len(item["vector"]):
+                raise ValidationError(
+                    f"items[{index}].embedding: {len(item['vector'])}-d, but model {name!r} "
+                    f"is {dim}-d in this batch"
+                )
+        for name, dim in shapes.items():
+            known = await self._lookup(key, name)
+            if known is not None and known.dim != dim:
+                raise ValidationError(f"embedding: model {name!r} stores {known.dim}-d vectors, got {dim}")
+            if known is not None and known.precision == "float16":
+                _check_half([item["vector"] for model, item in checked if model == name])
         await self._touch_agent(key)
         now = utcnow()
         rows: builtins.list[dict[str, Any]] = []
@@ -233,6 +267,8 @@ class PassageRepository(Repository):
         current = await self.get(key)
         model = await self._model(current.agent_id, current.embedding_model, len(vector))
         half = model.precision == "float16"
+        if half:
+            _check_half([vector])
         await self._touch_agent(current.agent_id)
         now = utcnow()
         await self._execute(
@@ -276,6 +312,7 @@ class PassageRepository(Repository):
         )
         if result.rowcount == 0:  # type: ignore[attr-defined]
             raise NotFoundError(f"no agent {key}")
+        self.session.info.setdefault(ARCHIVE_WRITES, set()).add(key)
 
     # -- reading ------------------------------------------------------------
 
@@ -409,30 +446,23 @@ class PassageRepository(Repository):
         vector_hits = await self.search(
             agent_id, embedding, k=pool, embedding_model=embedding_model, metric=metric, where=where
         )
-        text_hits = await self.search_text(agent_id, query, limit=pool)
+        # The text side gets the same scope in SQL, before its limit: model and filters.
+        key = as_uuid(agent_id, "agent_id")
+        text = check_text(query, "query") or ""
+        scope = [
+            PASSAGES.c.agent_id == key,
+            PASSAGES.c.embedding_model == _check_model_name(embedding_model),
+            *await self._filters(where),
+        ]
+        text_hits = await search_page(
+            self.session, PASSAGES_FTS, text, entity=ArchivalPassage, where=scope, limit=pool, offset=0
+        )
         distance = {hit.passage.id: hit.distance for hit in vector_hits}
         found = {hit.passage.id: hit.passage for hit in vector_hits}
         fused: dict[uuid.UUID, float] = {}
         for rank, hit in enumerate(vector_hits, start=1):
             fused[hit.passage.id] = fused.get(hit.passage.id, 0.0) + 1.0 / (RRF_K + rank)
-        allowed = None
-        if where is not None:  # the text side must honour the filter too
-            conditions = await self._filters(where)
-            ids = [p.id for p in text_hits.items]
-            allowed = (
-                set(
-                    await self.session.scalars(
-                        sa.select(PASSAGES.c.id).where(PASSAGES.c.id.in_(ids), *conditions)
-                    )
-                )
-                if ids
-                else set()
-            )
         for rank, passage in enumerate(text_hits.items, start=1):
-            if passage.embedding_model != embedding_model or (
-                allowed is not None and passage.id not in allowed
-            ):
-                continue
             found.setdefault(passage.id, passage)
             fused[passage.id] = fused.get(passage.id, 0.0) + 1.0 / (RRF_K + rank)
         ranked = sorted(fused.items(), key=lambda pair: (-pair[1], pair[0]))[:k]

@@ -30,9 +30,17 @@ def _sqlite(index: FullTextIndex, terms: list[str]) -> tuple[FromClause, ColumnE
     hidden: ColumnElement[Any] = sa.literal_column(index.fts_table)  # FTS5's column named after its table
     # Every term double-quoted: an FTS5 string, never an operator or a column filter.
     expression = " ".join(f'"{term}"' for term in terms)
+    # MATERIALIZED: the matches are found once, then joined by rowid.  As a plain
+    # join, SQLite's planner may walk the agent's messages by index and probe the
+    # FTS table per row: 2.2 s instead of 0.5 ms at 100,000 long messages.
+    matches = (
+        sa.select(fts.c.rowid.label("rid"), sa.func.bm25(hidden).label("rank"))
+        .where(hidden.op("MATCH")(sa.bindparam("fts_query", expression)))
+        .cte(f"{index.fts_table}_matches")
+        .prefix_with("MATERIALIZED")
+    )
     source: ColumnElement[Any] = sa.literal_column(f"{index.table.name}.rowid")
-    joined = index.table.join(fts, fts.c.rowid == source)
-    return joined, hidden.op("MATCH")(sa.bindparam("fts_query", expression)), sa.func.bm25(hidden)
+    return matches.join(index.table, source == matches.c.rid), sa.true(), matches.c.rank
 
 
 def _postgres(index: FullTextIndex, terms: list[str]) -> tuple[FromClause, ColumnElement[bool], Any]:

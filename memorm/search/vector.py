@@ -47,12 +47,22 @@ from memorm.types import VectorType
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-__all__ = ["METRICS", "ScoredPassage", "VectorCache", "ensure_index", "index_name", "nearest", "score_of"]
+__all__ = [
+    "ARCHIVE_WRITES",
+    "METRICS",
+    "ScoredPassage",
+    "VectorCache",
+    "ensure_index",
+    "index_name",
+    "nearest",
+    "score_of",
+]
 
 METRICS = ("cosine", "l2", "inner_product")
 _OPERATORS = {"cosine": "<=>", "l2": "<->", "inner_product": "<#>"}
 _OPS_CLASS = {"cosine": "cosine_ops", "l2": "l2_ops", "inner_product": "ip_ops"}
 DEFAULT_EF_SEARCH = 40  # pgvector's own default
+ARCHIVE_WRITES = "memorm_archive_writes"  # AsyncSession.info: agents whose archive this unit of work changed
 _THREAD_ABOVE = 200_000  # matrix cells; smaller searches run inline (a thread hop costs ~0.1 ms)
 
 
@@ -196,6 +206,10 @@ class VectorCache:
         version = await session.scalar(sa.select(AGENTS.c.archive_version).where(AGENTS.c.id == agent_id))
         if version is None:
             raise NotFoundError(f"no agent {agent_id}")
+        if agent_id in session.info.get(ARCHIVE_WRITES, ()):
+            # This unit of work changed the archive: its rows are not committed
+            # and may roll back, so they must not outlive it in the cache.
+            return await _load(session, agent_id, model, version)
         key = (agent_id, model.name)
         async with self._lock:
             entry = self._entries.get(key)
