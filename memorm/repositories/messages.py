@@ -46,6 +46,7 @@ from memorm.validation import as_uuid, check_limit, check_text
 __all__ = ["MessageRepository"]
 
 _COLUMNS = tuple(column.name for column in MESSAGES.columns)
+_FIRST_SCAN = 256  # context(): rows whose tokens are summed first (~25k tokens of chat)
 _ALLOCATE = (
     sa.update(SESSIONS)
     .where(SESSIONS.c.id == sa.bindparam("session_id"))
@@ -263,15 +264,16 @@ class MessageRepository(Repository):
         """
         key = as_uuid(session_id, "session_id")
         budget = check_int(max_tokens, "max_tokens", minimum=1)
-        await self._require_session(key)
         system: Message | None = None
         where: list[ColumnElement[bool]] = [MESSAGES.c.session_id == key]
-        if pinned_system:
-            head = await self._select(*where, order=MESSAGES.c.seq, limit=1)
-            if head and head[0].role == "system":
-                system = head[0]
-                budget -= system.token_count or 0
-                where.append(MESSAGES.c.seq > system.seq)
+        head = await self._select(*where, order=MESSAGES.c.seq, limit=1)
+        if not head:
+            await self._require_session(key)
+            return []
+        if pinned_system and head[0].role == "system":
+            system = head[0]
+            budget -= system.token_count or 0
+            where.append(MESSAGES.c.seq > system.seq)
         if budget <= 0:
             return [system] if system is not None else []
         span = await self._budget_span(where, budget)
@@ -287,12 +289,12 @@ class MessageRepository(Repository):
         """The ``(first, last)`` seqs of the newest messages that fit in ``budget`` tokens, if any.
 
         The running total is a window function over the newest rows, so one
-        number crosses the wire, whatever the history's length.  The scan is
-        capped (every message costs at least one token, except explicit zeros:
-        when the cap is reached with budget left, it doubles and looks again).
+        row crosses the wire, whatever the history's length.  The scan starts
+        with the newest :data:`_FIRST_SCAN` rows and doubles while every row it
+        read still fitted.
         """
         tokens = sa.func.coalesce(MESSAGES.c.token_count, sa.func.length(MESSAGES.c.content) / 4 + 4)
-        cap = budget + 1
+        cap = min(budget + 1, _FIRST_SCAN)
         while True:
             newest = (
                 sa.select(MESSAGES.c.seq.label("seq"), tokens.label("tokens"))
