@@ -115,10 +115,9 @@ async def fetch(session: AsyncSession, statement: Any, params: dict[str, Any]) -
     dialect = connection.dialect
     if dialect.name != "sqlite":
         return [tuple(row) for row in await connection.execute(statement, params)]
-    sql, names, binds, results = _compiled(dialect, statement)
-    values = [
-        v if p is None or v is None else p(v) for p, v in zip(binds, (params[n] for n in names), strict=True)
-    ]
+    sql, names, binds, defaults, results = _compiled(dialect, statement)
+    given = (params[n] if n in params else defaults[n] for n in names)  # e.g. SQLite's implicit OFFSET 0
+    values = [v if p is None or v is None else p(v) for p, v in zip(binds, given, strict=True)]
     driver: Any = (await connection.get_raw_connection()).driver_connection
     rows = await driver.execute_fetchall(sql, values)
     return [
@@ -130,11 +129,12 @@ async def fetch(session: AsyncSession, statement: Any, params: dict[str, Any]) -
 @lru_cache(maxsize=64)
 def _compiled(
     dialect: Dialect, statement: Any
-) -> tuple[str, tuple[str, ...], tuple[Processor, ...], tuple[Processor, ...]]:
+) -> tuple[str, tuple[str, ...], tuple[Processor, ...], dict[str, Any], tuple[Processor, ...]]:
     compiled = statement.compile(dialect=dialect)
     names = tuple(compiled.positiontup or ())
     binds = tuple(compiled.binds[name].type._cached_bind_processor(dialect) for name in names)
+    defaults = {name: compiled.binds[name].value for name in names}
     results = tuple(
         column.type._cached_result_processor(dialect, None) for column in statement.exported_columns
     )
-    return str(compiled), names, binds, results
+    return str(compiled), names, binds, defaults, results

@@ -46,6 +46,19 @@ from memorm.validation import as_uuid, check_limit, check_text
 __all__ = ["MessageRepository"]
 
 _COLUMNS = tuple(column.name for column in MESSAGES.columns)
+SEQ_MAX = 2**31 - 1  # seq is a 32-bit integer
+_WINDOW_BACK = (  # the newest `limit` messages up to seq `bound`, newest first
+    sa.select(*MESSAGES.c)
+    .where(MESSAGES.c.session_id == sa.bindparam("session_id"), MESSAGES.c.seq <= sa.bindparam("bound"))
+    .order_by(MESSAGES.c.seq.desc())
+    .limit(sa.bindparam("limit"))
+)
+_WINDOW_FORWARD = (  # the oldest `limit` messages from seq `bound` on
+    sa.select(*MESSAGES.c)
+    .where(MESSAGES.c.session_id == sa.bindparam("session_id"), MESSAGES.c.seq >= sa.bindparam("bound"))
+    .order_by(MESSAGES.c.seq)
+    .limit(sa.bindparam("limit"))
+)
 _FIRST_SCAN = 256  # context(): rows whose tokens are summed first (~25k tokens of chat)
 _ALLOCATE = (
     sa.update(SESSIONS)
@@ -237,16 +250,27 @@ class MessageRepository(Repository):
         wanted = check_roles(roles)
         if before_seq is not None and after_seq is not None:
             raise ValidationError("window: give before_seq or after_seq, not both")
-        where: list[ColumnElement[bool]] = [MESSAGES.c.session_id == key]
-        if wanted is not None:
-            where.append(MESSAGES.c.role.in_(wanted))
-        if after_seq is not None:
-            where.append(MESSAGES.c.seq > check_int(after_seq, "after_seq"))
-            rows = await self._select(*where, order=MESSAGES.c.seq, limit=limit)
+        forward = after_seq is not None
+        if forward:
+            bound = check_int(after_seq, "after_seq") + 1
         else:
-            if before_seq is not None:
-                where.append(MESSAGES.c.seq < check_int(before_seq, "before_seq"))
-            rows = await self._select(*where, order=MESSAGES.c.seq.desc(), limit=limit)
+            bound = SEQ_MAX if before_seq is None else check_int(before_seq, "before_seq") - 1
+        if wanted is None:  # the hot path: a precompiled statement, straight to the driver
+            statement = _WINDOW_FORWARD if forward else _WINDOW_BACK
+            async with guarded(self.session):
+                found = await fetch(
+                    self.session, statement, {"session_id": key, "bound": bound, "limit": limit}
+                )
+            rows = [hydrate(Message, dict(zip(_COLUMNS, row, strict=True))) for row in found]
+        else:
+            where = [MESSAGES.c.session_id == key, MESSAGES.c.role.in_(wanted)]
+            if forward:
+                rows = await self._select(*where, MESSAGES.c.seq >= bound, order=MESSAGES.c.seq, limit=limit)
+            else:
+                rows = await self._select(
+                    *where, MESSAGES.c.seq <= bound, order=MESSAGES.c.seq.desc(), limit=limit
+                )
+        if not forward:
             rows.reverse()
         if not rows:
             await self._require_session(key)
