@@ -84,7 +84,11 @@ class Agent(_Row, table=True):
 # A conversation of one agent; ``next_seq`` hands out its messages' sequence numbers.
 class Session(_Row, table=True):
     __tablename__ = "sessions"
-    __table_args__ = (sa.Index(None, "agent_id", "created_at"),)
+    __table_args__ = (
+        sa.Index(None, "agent_id", "created_at"),
+        # An external key (a framework's session id), unique per agent when given.
+        sa.Index(None, "agent_id", "key", unique=True),
+    )
 
     agent_id: uuid.UUID = Field(
         sa_type=UUIDType,
@@ -92,6 +96,7 @@ class Session(_Row, table=True):
         nullable=False,
     )
     title: str | None = Field(default=None, sa_type=sa.Text)
+    key: str | None = Field(default=None, sa_type=sa.Text)
     next_seq: int = Field(default=1, nullable=False)
 
 

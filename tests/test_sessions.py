@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import uuid
 
+import anyio
 import pytest
 from conftest import count_rows
 
-from memorm import Database, NotFoundError, ValidationError
+from memorm import ConflictError, Database, NotFoundError, ValidationError
 
 pytestmark = pytest.mark.anyio
 
@@ -107,3 +108,43 @@ async def test_create_session_with_bad_fields_raises_validation_error_and_writes
         with pytest.raises(ValidationError):
             await uow.sessions.create(agent.id, **fields)  # type: ignore[arg-type]
     assert await count_rows(db, "sessions") == 0
+
+
+async def test_get_or_create_returns_one_session_per_key_even_under_concurrency(db: Database) -> None:
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create("keys")
+        other = await uow.agents.create("other-keys")
+
+    async def get_or_create(agent_id: uuid.UUID) -> uuid.UUID:
+        async with db.unit_of_work() as uow:
+            return (await uow.sessions.get_or_create(agent_id, "thread-1", title="t")).id
+
+    ids: list[uuid.UUID] = []
+
+    async def collect() -> None:
+        ids.append(await get_or_create(agent.id))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(20):
+            tg.start_soon(collect)
+    assert len(set(ids)) == 1
+    theirs = await get_or_create(other.id)  # keys are per agent
+    assert theirs != ids[0]
+    async with db.unit_of_work() as uow:
+        found = await uow.sessions.get_by_key(agent.id, "thread-1")
+        assert found is not None
+        assert (found.id, found.key) == (ids[0], "thread-1")
+        assert await uow.sessions.get_by_key(agent.id, "thread-2") is None
+        assert (await uow.sessions.list(agent.id)).total == 1
+
+
+async def test_creating_a_session_with_a_taken_key_conflicts_and_writes_nothing(db: Database) -> None:
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create("taken")
+        await uow.sessions.create(agent.id, key="k")
+    async with db.unit_of_work() as uow:
+        with pytest.raises(ConflictError):
+            await uow.sessions.create(agent.id, key="k")
+        with pytest.raises(ValidationError):
+            await uow.sessions.get_or_create(agent.id, "")
+        assert (await uow.sessions.list(agent.id)).total == 1

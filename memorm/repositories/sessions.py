@@ -8,13 +8,20 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from memorm.errors import NotFoundError
+from memorm.errors import ConflictError, NotFoundError, ValidationError
 from memorm.models import AGENTS, SESSIONS, Session
 from memorm.page import Page
 from memorm.repositories.base import Repository
 from memorm.validation import as_uuid, check_json_object, check_text
 
 __all__ = ["SessionRepository"]
+
+
+def _check_key(key: object) -> str:
+    checked = check_text(key, "key") or ""
+    if not checked:
+        raise ValidationError("key: must not be empty")
+    return checked
 
 
 class SessionRepository(Repository):
@@ -25,20 +32,62 @@ class SessionRepository(Repository):
         agent_id: uuid.UUID | str,
         *,
         title: str | None = None,
+        key: str | None = None,
         meta: Mapping[str, Any] | None = None,
     ) -> Session:
-        """A new session of the agent (``NotFoundError`` for an unknown agent)."""
-        key = as_uuid(agent_id, "agent_id")
+        """A new session of the agent (``NotFoundError`` for an unknown agent).
+
+        ``key`` is an optional external name (a framework's session id), unique
+        per agent: a taken key raises ``ConflictError``.
+        """
+        owner = as_uuid(agent_id, "agent_id")
         chat = Session(
-            agent_id=key,
+            agent_id=owner,
             title=check_text(title, "title", optional=True),
+            key=None if key is None else _check_key(key),
             meta=check_json_object(meta, "meta"),
         )
-        if await self._scalar(sa.select(AGENTS.c.id).where(AGENTS.c.id == key)) is None:
-            raise NotFoundError(f"no agent {key}")
+        if await self._scalar(sa.select(AGENTS.c.id).where(AGENTS.c.id == owner)) is None:
+            raise NotFoundError(f"no agent {owner}")
         async with self._savepoint():  # the agent may vanish meanwhile: FK -> NotFoundError
             self.session.add(chat)
             await self.session.flush()
+        return chat
+
+    async def get_or_create(
+        self,
+        agent_id: uuid.UUID | str,
+        key: str,
+        *,
+        title: str | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> Session:
+        """The agent's session with this external ``key``, created on first use.
+
+        Safe under concurrency: two units of work racing to create the same key
+        both end up with the one session.
+        """
+        owner = as_uuid(agent_id, "agent_id")
+        name = _check_key(key)
+        found = await self.get_by_key(owner, name)
+        if found is not None:
+            return found
+        try:
+            return await self.create(owner, title=title, key=name, meta=meta)
+        except ConflictError:  # created meanwhile by another unit of work
+            found = await self.get_by_key(owner, name)
+            if found is None:
+                raise
+            return found
+
+    async def get_by_key(self, agent_id: uuid.UUID | str, key: str) -> Session | None:
+        """The agent's session with this external ``key``, or None."""
+        owner = as_uuid(agent_id, "agent_id")
+        chat: Session | None = await self._scalar(
+            sa.select(Session)
+            .where(SESSIONS.c.agent_id == owner, SESSIONS.c.key == _check_key(key))
+            .execution_options(populate_existing=True)
+        )
         return chat
 
     async def get(self, session_id: uuid.UUID | str) -> Session:
