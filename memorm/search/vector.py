@@ -38,6 +38,7 @@ import numpy as np
 import sqlalchemy as sa
 from pgvector.sqlalchemy import HALFVEC, VECTOR
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.schema import CreateIndex
 from sqlalchemy.sql import ColumnElement
 
 from memorm.errors import NotFoundError, ValidationError
@@ -63,6 +64,7 @@ _OPERATORS = {"cosine": "<=>", "l2": "<->", "inner_product": "<#>"}
 _OPS_CLASS = {"cosine": "cosine_ops", "l2": "l2_ops", "inner_product": "ip_ops"}
 DEFAULT_EF_SEARCH = 40  # pgvector's own default
 ARCHIVE_WRITES = "memorm_archive_writes"  # AsyncSession.info: agents whose archive this unit of work changed
+_TIE_MARGIN = 16  # extra rows read past k so equal distances can still be ordered by id
 _THREAD_ABOVE = 200_000  # matrix cells; smaller searches run inline (a thread hop costs ~0.1 ms)
 
 
@@ -93,10 +95,16 @@ def check_metric(metric: object) -> str:
 # -- Postgres ----------------------------------------------------------------------------------
 
 
-def _pg_column(model: EmbeddingModel) -> ColumnElement[Any]:
+def _pg_column(model: EmbeddingModel, table: sa.Table = PASSAGES) -> ColumnElement[Any]:
     half = model.precision == "float16"
-    column = PASSAGES.c.embedding_half if half else PASSAGES.c.embedding
+    column = table.c.embedding_half if half else table.c.embedding
     return sa.cast(column, HALFVEC(model.dim) if half else VECTOR(model.dim))
+
+
+# An Index over a table's columns attaches itself to that table: built on
+# memorm's own, a runtime index would join the metadata (and every later
+# create_all, and alembic's comparison).  Runtime indexes use this copy.
+_DETACHED = PASSAGES.to_metadata(sa.MetaData())
 
 
 def index_name(model: str, dim: int, metric: str, precision: str = "float32") -> str:
@@ -129,18 +137,19 @@ async def ensure_index(
     ops = ("halfvec_" if model.precision == "float16" else "vector_") + _OPS_CLASS[metric]
     index = sa.Index(
         name,
-        _pg_column(model).label("embedding"),
+        _pg_column(model, _DETACHED).label("embedding"),
         postgresql_using="hnsw",
         postgresql_with={"m": m, "ef_construction": ef_construction},
         postgresql_ops={"embedding": ops},
         postgresql_where=sa.and_(
-            PASSAGES.c.embedding_model == sa.literal(model.name),
-            PASSAGES.c.embedding_dim == sa.literal(model.dim),
+            _DETACHED.c.embedding_model == sa.literal(model.name),
+            _DETACHED.c.embedding_dim == sa.literal(model.dim),
         ),
     )
     # HNSW builds are memory-hungry: with the default 64 MB, 100k x 384 took 2-4x longer.
     await connection.exec_driver_sql("SET LOCAL maintenance_work_mem = '512MB'")
-    await connection.run_sync(lambda sync: index.create(sync, checkfirst=True))
+    # IF NOT EXISTS in the DDL itself: an inspector probe can look in another schema.
+    await connection.execute(CreateIndex(index, if_not_exists=True))
     return name
 
 
@@ -167,10 +176,18 @@ async def _pg_nearest(
             sa.func.set_config("hnsw.iterative_scan", "strict_order", False),
         )
     )
-    rows = await session.execute(
+    # The index yields rows in distance order only for ORDER BY distance alone:
+    # take the nearest few that way, then break ties by id outside.
+    nearest = (
         sa.select(PASSAGES.c.id, distance)
         .where(_model_predicate(model), *where)
-        .order_by(distance, PASSAGES.c.id)
+        .order_by(distance)
+        .limit(k + offset + _TIE_MARGIN)
+        .subquery("nearest")
+    )
+    rows = await session.execute(
+        sa.select(nearest.c.id, nearest.c.distance)
+        .order_by(nearest.c.distance, nearest.c.id)
         .limit(k)
         .offset(offset)
     )
@@ -226,10 +243,12 @@ async def _load(session: AsyncSession, agent_id: uuid.UUID, model: EmbeddingMode
     half = model.precision == "float16"
     column = PASSAGES.c.embedding_half if half else PASSAGES.c.embedding
     raw = sa.type_coerce(column, sa.LargeBinary())  # the stored bytes, undecoded
+    # No ORDER BY: hits are ranked by (distance, id) afterwards, and sorting
+    # 100,000 rows of vectors cost SQLite a 150 MB temporary b-tree.
     rows = await session.execute(
-        sa.select(PASSAGES.c.id, raw)
-        .where(PASSAGES.c.agent_id == agent_id, PASSAGES.c.embedding_model == model.name)
-        .order_by(PASSAGES.c.id)
+        sa.select(PASSAGES.c.id, raw).where(
+            PASSAGES.c.agent_id == agent_id, PASSAGES.c.embedding_model == model.name
+        )
     )
     ids: list[uuid.UUID] = []
     blobs: list[bytes] = []
@@ -238,8 +257,12 @@ async def _load(session: AsyncSession, agent_id: uuid.UUID, model: EmbeddingMode
         ids.append(passage_id)
         blobs.append(blob)
     dtype = "<f2" if half else "<f4"
-    vectors = np.frombuffer(b"".join(blobs), dtype=dtype).astype(np.float32).reshape(len(ids), model.dim)
-    norms = np.linalg.norm(vectors, axis=1).astype(np.float32)
+    vectors = (
+        np.frombuffer(b"".join(blobs), dtype=dtype)
+        .astype(np.float32, copy=False)
+        .reshape(len(ids), model.dim)
+    )
+    norms = np.sqrt(np.einsum("ij,ij->i", vectors, vectors)).astype(np.float32, copy=False)
     return _Matrix(version, ids, vectors, norms, {passage_id: i for i, passage_id in enumerate(ids)})
 
 
