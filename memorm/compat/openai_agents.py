@@ -81,7 +81,8 @@ def item_to_message(item: TResponseInputItem) -> dict[str, Any]:
     data = cast(Mapping[str, Any], item)
     if not isinstance(data, Mapping):
         raise ValidationError(f"expected an input item dict, got {type(data).__name__}")
-    kind = data.get("type", "message")
+    kind = data.get("type") or "message"
+    kind = kind if isinstance(kind, str) else ""
     role = data.get("role")
     call_id = data.get("call_id")
     message: dict[str, Any] = {"role": "assistant", "content": "", "meta": {ITEM_KEY: data}}
@@ -208,7 +209,7 @@ class MemormSession:
                 return None
             # memorm has no "delete the newest message" yet.  An empty append locks
             # the session row, so concurrent pops cannot both take the same message.
-            pass
+            await uow.messages.append(chat, [])
             newest = await uow.messages.window(chat, limit=1)
             if not newest:
                 return None
@@ -241,15 +242,18 @@ async def _read_all(uow: UnitOfWork, chat: uuid.UUID) -> list[TResponseInputItem
 
 
 async def _read_newest(uow: UnitOfWork, chat: uuid.UUID, wanted: int) -> list[TResponseInputItem]:
-    items: list[TResponseInputItem] = []
+    pages: list[list[TResponseInputItem]] = []  # newest page first
+    count = 0
     before: int | None = None
-    while len(items) < wanted:  # a message stands for one item or more
-        asked = min(wanted - len(items), PAGE)
+    while count < wanted:  # a message stands for one item or more
+        asked = min(wanted - count, PAGE)
         page = await uow.messages.window(chat, limit=asked, before_seq=before)
-        items[:0] = _items(page)
+        pages.append(_items(page))
+        count += len(pages[-1])
         if len(page) < asked:
             break
         before = page[0].seq
+    items = [item for page_items in reversed(pages) for item in page_items]
     return items[-wanted:]
 
 
