@@ -65,6 +65,7 @@ class Database:
     ) -> None:
         self.url = resolve_url(url)
         self.token_counter = token_counter
+        self._engine_options = dict(engine_options)
         options: dict[str, Any] = {
             "json_serializer": dumps,
             "json_deserializer": loads,
@@ -119,6 +120,16 @@ class Database:
         tb: TracebackType | None,
     ) -> None:
         await self.dispose()
+
+    def clone(self, **engine_options: Any) -> Database:
+        """A new ``Database`` on the same URL, token counter and engine options (``engine_options`` override).
+
+        For another event loop or thread: an engine's pooled connections belong
+        to the loop that opened them, so code running elsewhere needs its own.
+        """
+        return Database(
+            self.url, token_counter=self.token_counter, **{**self._engine_options, **engine_options}
+        )
 
     async def dispose(self) -> None:
         """Close every pooled connection."""

@@ -220,6 +220,31 @@ class MessageRepository(Repository):
         )
         return int(result.rowcount)  # type: ignore[attr-defined]
 
+    async def clear(self, session_id: uuid.UUID | str) -> int:
+        """Delete every message of the session, the system message too; returns how many.
+
+        The session's numbering starts again at 1.
+        """
+        key = as_uuid(session_id, "session_id")
+        await self._lock_session(key)
+        result = await self._execute(sa.delete(MESSAGES).where(MESSAGES.c.session_id == key))
+        await self._execute(sa.update(SESSIONS).where(SESSIONS.c.id == key).values(next_seq=1))
+        return int(result.rowcount)  # type: ignore[attr-defined]
+
+    async def pop(self, session_id: uuid.UUID | str) -> Message | None:
+        """Delete and return the session's newest message (None when it has none).
+
+        The session stays locked until the unit of work ends, so concurrent pops
+        never return the same message; the next append reuses its number.
+        """
+        key = as_uuid(session_id, "session_id")
+        await self._lock_session(key)
+        newest = await self._select(MESSAGES.c.session_id == key, order=MESSAGES.c.seq.desc(), limit=1)
+        if not newest:
+            return None
+        await self.delete_after(key, newest[0].seq - 1)
+        return newest[0]
+
     # -- reading ------------------------------------------------------------
 
     async def get(self, message_id: uuid.UUID | str) -> Message:

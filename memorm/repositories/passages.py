@@ -305,6 +305,18 @@ class PassageRepository(Repository):
         result = await self._execute(sa.delete(PASSAGES).where(PASSAGES.c.agent_id == key, *conditions))
         return int(result.rowcount)  # type: ignore[attr-defined]
 
+    async def delete_many(self, agent_id: uuid.UUID | str, ids: Iterable[uuid.UUID | str]) -> int:
+        """Delete these passages of the agent (others' and unknown ids are ignored); returns how many."""
+        key = as_uuid(agent_id, "agent_id")
+        wanted = [as_uuid(passage_id, "ids[]") for passage_id in ids]
+        if not wanted:
+            return 0
+        await self._touch_agent(key)
+        result = await self._execute(
+            sa.delete(PASSAGES).where(PASSAGES.c.agent_id == key, PASSAGES.c.id.in_(wanted))
+        )
+        return int(result.rowcount)  # type: ignore[attr-defined]
+
     async def _touch_agent(self, key: uuid.UUID) -> None:
         """Bump the agent's archive version (and check the agent exists)."""
         result = await self._execute(
@@ -323,6 +335,14 @@ class PassageRepository(Repository):
         if not found:
             raise NotFoundError(f"no passage {key}")
         return found[key]
+
+    async def get_many(self, ids: Iterable[uuid.UUID | str]) -> builtins.list[ArchivalPassage]:
+        """The passages with these ids, in the order given; unknown ids are left out."""
+        wanted = [as_uuid(passage_id, "ids[]") for passage_id in ids]
+        found: dict[uuid.UUID, ArchivalPassage] = {}
+        for first in range(0, len(wanted), 1000):  # bounded IN lists
+            found.update(await self._load(wanted[first : first + 1000]))
+        return [found[passage_id] for passage_id in wanted if passage_id in found]
 
     async def count(self, agent_id: uuid.UUID | str, *, embedding_model: str | None = None) -> int:
         """How many passages the agent has (of one model, if given)."""
