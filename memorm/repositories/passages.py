@@ -37,6 +37,7 @@ from memorm.search.vector import (
     score_of,
 )
 from memorm.types import utcnow
+from memorm.types.vector import pack_float16, unpack_float16
 from memorm.validation import as_uuid, check_json_object, check_limit, check_text, check_vector
 
 __all__ = ["PassageRepository"]
@@ -404,6 +405,11 @@ class PassageRepository(Repository):
             raise ValidationError(
                 f"embedding: model {model.name!r} stores {model.dim}-d vectors, got {len(vector)}"
             )
+        if model.precision == "float16":
+            # Compare as the vectors are stored: Postgres casts the query to
+            # halfvec, so SQLite rounds it the same way.
+            _check_half([vector])
+            vector = unpack_float16(pack_float16(vector))
         async with self._guard():
             hits = await nearest(
                 self.session,

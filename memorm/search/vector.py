@@ -64,7 +64,7 @@ _OPERATORS = {"cosine": "<=>", "l2": "<->", "inner_product": "<#>"}
 _OPS_CLASS = {"cosine": "cosine_ops", "l2": "l2_ops", "inner_product": "ip_ops"}
 DEFAULT_EF_SEARCH = 40  # pgvector's own default
 ARCHIVE_WRITES = "memorm_archive_writes"  # AsyncSession.info: agents whose archive this unit of work changed
-_TIE_MARGIN = 16  # extra rows read past k so equal distances can still be ordered by id
+_TIE_MARGIN = 16  # rows read past k+offset, so equal distances there can be ordered by id
 _THREAD_ABOVE = 200_000  # matrix cells; smaller searches run inline (a thread hop costs ~0.1 ms)
 
 
@@ -177,21 +177,17 @@ async def _pg_nearest(
         )
     )
     # The index yields rows in distance order only for ORDER BY distance alone:
-    # take the nearest few that way, then break ties by id outside.
-    nearest = (
-        sa.select(PASSAGES.c.id, distance)
-        .where(_model_predicate(model), *where)
-        .order_by(distance)
-        .limit(k + offset + _TIE_MARGIN)
-        .subquery("nearest")
-    )
-    rows = await session.execute(
-        sa.select(nearest.c.id, nearest.c.distance)
-        .order_by(nearest.c.distance, nearest.c.id)
-        .limit(k)
-        .offset(offset)
-    )
-    return [(row[0], float(row[1])) for row in (tuple(found) for found in rows)]
+    # take the nearest few that way, then break ties by id here.
+    want = k + offset
+    scoped = sa.select(PASSAGES.c.id, distance).where(_model_predicate(model), *where)
+    found = [tuple(row) for row in await session.execute(scoped.order_by(distance).limit(want + _TIE_MARGIN))]
+    if len(found) == want + _TIE_MARGIN and found[want - 1][1] == found[-1][1]:
+        # More equal distances than the margin holds at the page's edge (duplicate
+        # texts, say): order them exactly, by (distance, id), without the index.
+        exact = await session.execute(scoped.order_by(distance, PASSAGES.c.id).limit(k).offset(offset))
+        return [(row[0], float(row[1])) for row in (tuple(r) for r in exact)]
+    found.sort(key=lambda row: (row[1], row[0]))
+    return [(row[0], float(row[1])) for row in found[offset:want]]
 
 
 # -- SQLite ------------------------------------------------------------------------------------
@@ -297,7 +293,13 @@ def _distances(
         return []
     screen = np.nan_to_num(_metric(vectors, norms, query.astype(np.float32), metric), nan=np.inf)
     keep = min(len(screen), want + max(16, want))
-    candidates = np.argpartition(screen, keep - 1)[:keep] if keep < len(screen) else np.arange(len(screen))
+    if keep < len(screen):
+        # Everything up to the keep-th distance, ties included: equal distances
+        # are ordered by id afterwards, so none of them may be dropped here.
+        threshold = np.partition(screen, keep - 1)[keep - 1]
+        candidates = np.flatnonzero(screen <= threshold)
+    else:
+        candidates = np.arange(len(screen))
     exact = vectors[candidates].astype(np.float64)
     final = _metric(exact, np.linalg.norm(exact, axis=1), query, metric)
     if metric == "l2":  # the expanded form loses digits; take the difference directly

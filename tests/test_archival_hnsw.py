@@ -1,0 +1,199 @@
+"""HNSW indexes on Postgres: built by ensure_index, used by search, accurate enough.
+
+Postgres only (SQLite searches exactly and ``ensure_index`` is a no-op there):
+the module parametrises the ``engine`` fixture with the postgres param alone,
+so these tests carry the ``postgres`` mark and count in CI.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+from archival_reference import reference
+from sqlalchemy import event
+
+from memorm import Agent, Database, UnitOfWork
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.parametrize("engine", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True),
+]
+
+DIM = 384
+
+
+def _unit_vectors(seed: int, n: int, dim: int = DIM) -> np.ndarray:
+    vectors = np.random.default_rng(seed).standard_normal((n, dim))
+    return (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+
+
+def _exact_cosine(vectors: np.ndarray, ids: list[uuid.UUID], query: np.ndarray, k: int) -> list[uuid.UUID]:
+    return [passage_id for passage_id, _ in reference(vectors, ids, query, "cosine", k)]
+
+
+async def _load(db: Database, vectors: np.ndarray, *, batch: int = 5_000) -> tuple[Agent, list[uuid.UUID]]:
+    """One agent holding ``vectors`` (model "m"), beside another agent holding 50 of them."""
+    ids: list[uuid.UUID] = []
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create("sam")
+        neighbour = await uow.agents.create("max")
+        for start in range(0, len(vectors), batch):
+            chunk = vectors[start : start + batch]
+            added = await uow.passages.add_many(
+                agent.id, [{"text": "t", "embedding": v, "embedding_model": "m"} for v in chunk]
+            )
+            ids += [p.id for p in added]
+        await uow.passages.add_many(
+            neighbour.id, [{"text": "t", "embedding": v, "embedding_model": "m"} for v in vectors[:50]]
+        )
+    return agent, ids
+
+
+async def _analyze(db: Database) -> None:
+    # Autovacuum would analyze the table sooner or later; doing it now makes the plans deterministic.
+    async with db.unit_of_work() as uow:
+        await uow.session.execute(sa.text("ANALYZE archival_passages"))
+
+
+@contextmanager
+def _capture(db: Database) -> Iterator[list[tuple[str, Any]]]:
+    """The statements (and their parameters) sent to the driver inside the block."""
+    sent: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        sent.append((statement, parameters))
+
+    event.listen(db.engine.sync_engine, "before_cursor_execute", record)
+    try:
+        yield sent
+    finally:
+        event.remove(db.engine.sync_engine, "before_cursor_execute", record)
+
+
+async def _search_plan(uow: UnitOfWork, agent: Agent, query: np.ndarray, **options: Any) -> str:
+    """EXPLAIN of the very statement search sends, with its parameters and session settings."""
+    with _capture(uow.db) as sent:
+        await uow.passages.search(agent.id, query, k=10, embedding_model="m", **options)
+    [(statement, parameters)] = [(s, p) for s, p in sent if "ORDER BY distance" in s]
+    driver = (await (await uow.session.connection()).get_raw_connection()).driver_connection
+    rows = await driver.fetch(f"EXPLAIN {statement}", *parameters)
+    return "\n".join(row[0] for row in rows)
+
+
+async def test_ensure_index_builds_one_partial_hnsw_index_per_shape_and_metric(db: Database) -> None:
+    shapes = [("cosine", "float32"), ("l2", "float32"), ("inner_product", "float32"), ("cosine", "float16")]
+    async with db.unit_of_work() as uow:
+        names = [await uow.passages.ensure_index("m", DIM, m, precision=p) for m, p in shapes]
+        again = [await uow.passages.ensure_index("m", DIM, m, precision=p) for m, p in shapes]
+        rows = await uow.session.execute(
+            sa.text(
+                "SELECT indexname, indexdef FROM pg_indexes "
+                "WHERE schemaname = current_schema() AND indexdef LIKE '%USING hnsw%'"
+            )
+        )
+        definitions = {name: definition for name, definition in rows}
+    assert again == names
+    assert len(set(names)) == 4
+    assert set(definitions) == set(names)
+    for name, ops in zip(
+        names, ["vector_cosine_ops", "vector_l2_ops", "vector_ip_ops", "halfvec_cosine_ops"], strict=True
+    ):
+        assert ops in definitions[name]
+        assert "embedding_model = 'm'::text" in definitions[name]
+        assert f"embedding_dim = {DIM}" in definitions[name]
+
+
+async def test_search_uses_the_hnsw_index_after_ensure_index(db: Database) -> None:
+    vectors = _unit_vectors(1, 5_000)
+    agent, _ = await _load(db, vectors)
+    async with db.unit_of_work() as uow:
+        name = await uow.passages.ensure_index("m", DIM, "cosine")
+    await _analyze(db)
+    async with db.unit_of_work(read_only=True) as uow:
+        plan = await _search_plan(uow, agent, vectors[7])
+    assert f"Index Scan using {name}" in plan, plan
+
+
+async def test_filtered_search_through_the_index_still_returns_k_matches(db: Database) -> None:
+    vectors = _unit_vectors(4, 5_000)
+    rare = [i % 100 < 7 for i in range(len(vectors))]  # 350 rows, 7%: most index candidates fail
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create("sam")
+        added = await uow.passages.add_many(
+            agent.id,
+            [
+                {"text": "t", "embedding": v, "embedding_model": "m", "meta": {"rare": r}}
+                for v, r in zip(vectors, rare, strict=True)
+            ],
+        )
+        name = await uow.passages.ensure_index("m", DIM, "cosine")
+    await _analyze(db)
+    keep = np.array(rare)
+    rare_ids = [p.id for p, r in zip(added, rare, strict=True) if r]
+    async with db.unit_of_work(read_only=True) as uow:
+        plan = await _search_plan(uow, agent, vectors[0], where={"rare": True})
+        recalls = []
+        for query in _unit_vectors(5, 10):
+            hits = await uow.passages.search(
+                agent.id, query, k=20, embedding_model="m", where={"rare": True}, ef_search=100
+            )
+            assert len(hits) == 20
+            assert all(hit.passage.meta == {"rare": True} for hit in hits)
+            exact = set(_exact_cosine(vectors[keep], rare_ids, query, 20))
+            recalls.append(len(exact & {hit.passage.id for hit in hits}) / 20)
+    assert f"Index Scan using {name}" in plan, plan
+    assert np.mean(recalls) >= 0.9, recalls
+
+
+async def test_without_a_matching_index_search_is_an_exact_scan(db: Database) -> None:
+    vectors = _unit_vectors(2, 1_000)
+    agent, ids = await _load(db, vectors)
+    async with db.unit_of_work() as uow:
+        await uow.passages.ensure_index("m", DIM, "l2")  # another metric's index cannot serve cosine
+    await _analyze(db)
+    queries = _unit_vectors(3, 5)
+    async with db.unit_of_work(read_only=True) as uow:
+        plan = await _search_plan(uow, agent, queries[0])
+        for query in queries:
+            hits = await uow.passages.search(agent.id, query, k=10, embedding_model="m")
+            assert [hit.passage.id for hit in hits] == _exact_cosine(vectors, ids, query, 10)
+    assert "hnsw" not in plan, plan
+    assert "Sort" in plan, plan
+
+
+def _clustered(seed: int, n: int, clusters: int) -> tuple[np.ndarray, np.ndarray]:
+    """Unit vectors from a mixture of Gaussian clusters, and queries drawn near the centres."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((clusters, DIM))
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    points = centres[rng.integers(clusters, size=n)] + rng.standard_normal((n, DIM)) / np.sqrt(DIM)
+    points /= np.linalg.norm(points, axis=1, keepdims=True)
+    near = centres[rng.choice(clusters, size=50, replace=False)]
+    queries = near + 0.3 * rng.standard_normal((50, DIM)) / np.sqrt(DIM)
+    return points.astype(np.float32), queries.astype(np.float32)
+
+
+@pytest.mark.slow
+async def test_hnsw_recall_at_10_is_at_least_95_percent_on_clustered_vectors(db: Database) -> None:
+    vectors, queries = _clustered(20_000, 20_000, 200)
+    agent, ids = await _load(db, vectors, batch=5_000)
+    async with db.unit_of_work() as uow:
+        name = await uow.passages.ensure_index("m", DIM, "cosine")
+        assert await uow.passages.count(agent.id, embedding_model="m") == 20_000
+    await _analyze(db)
+    recalls = []
+    async with db.unit_of_work(read_only=True) as uow:
+        # Approximate for real: an exact scan would pass any recall bar.
+        assert f"Index Scan using {name}" in await _search_plan(uow, agent, queries[0], ef_search=100)
+        for query in queries:
+            hits = await uow.passages.search(agent.id, query, k=10, embedding_model="m", ef_search=100)
+            assert len(hits) == 10
+            exact = set(_exact_cosine(vectors, ids, query, 10))
+            recalls.append(len(exact & {hit.passage.id for hit in hits}) / 10)
+    assert np.mean(recalls) >= 0.95, recalls
