@@ -33,7 +33,7 @@ def tests(session: nox.Session, engine: str) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff (lint and format) and mypy --strict on memorm/."""
-    install(session, "lint")
+    install(session, "lint", "test")  # mypy needs the frameworks the adapters import
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy", "--strict", "memorm")

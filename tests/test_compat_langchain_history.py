@@ -318,6 +318,19 @@ async def test_a_deleted_session_is_recreated_by_the_next_write(db: Database) ->
     assert await MemormChatMessageHistory(db, "k", agent=agent_id).aget_messages() == [HumanMessage("newer")]
 
 
+async def test_aclear_finds_a_session_recreated_under_its_key(db: Database) -> None:
+    agent_id = await _agent(db)
+    history = MemormChatMessageHistory(db, "k", agent=agent_id)
+    await history.aadd_messages([HumanMessage("old")])  # caches the session id
+    async with db.unit_of_work() as uow:
+        chat = await uow.sessions.get_by_key(agent_id, "k")
+        assert chat is not None
+        await uow.sessions.delete(chat.id)
+    await MemormChatMessageHistory(db, "k", agent=agent_id).aadd_messages([HumanMessage("new")])
+    await history.aclear()  # the cached id is stale: the key's new session is cleared
+    assert await MemormChatMessageHistory(db, "k", agent=agent_id).aget_messages() == []
+
+
 async def test_same_key_of_two_agents_is_two_sessions(db: Database) -> None:
     sam, max_ = await _agent(db, "sam"), await _agent(db, "max")
     await MemormChatMessageHistory(db, "user-1", agent=sam).aadd_messages([HumanMessage("to sam")])

@@ -265,3 +265,13 @@ async def test_passages_written_with_memorms_api_are_documents(db: Database) -> 
     await store.adelete([str(passage.id)])
     async with db.unit_of_work(read_only=True) as uow:
         assert await uow.passages.count(agent_id) == 0
+
+
+async def test_deleting_from_a_deleted_agents_store_is_a_no_op(db: Database) -> None:
+    agent_id = await _agent(db)
+    store = MemormVectorStore(db, agent_id, Hashing())
+    await store.aadd_texts(["gone soon"], ids=["g"])
+    async with db.unit_of_work() as uow:
+        await uow.agents.delete(agent_id)
+    assert await store.adelete(["g"]) is True
+    assert await store.aget_by_ids(["g"]) == []

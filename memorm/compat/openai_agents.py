@@ -33,6 +33,7 @@ call; a ``tool`` message as a ``function_call_output``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Mapping, Sequence
@@ -43,7 +44,7 @@ from agents.memory import SessionSettings
 from agents.memory.session_settings import coerce_session_settings, resolve_session_limit
 
 from memorm.db import Database
-from memorm.errors import ValidationError
+from memorm.errors import NotFoundError, ValidationError
 from memorm.models import Agent, Message
 from memorm.uow import UnitOfWork
 from memorm.validation import as_uuid
@@ -207,14 +208,10 @@ class MemormSession:
             chat = await self._find(uow)
             if chat is None:
                 return None
-            # memorm has no "delete the newest message" yet.  An empty append locks
-            # the session row, so concurrent pops cannot both take the same message.
-            await uow.messages.append(chat, [])
-            newest = await uow.messages.window(chat, limit=1)
-            if not newest:
+            newest = await uow.messages.pop(chat)  # locks the session: concurrent pops never share one
+            if newest is None:
                 return None
-            await uow.messages.delete_after(chat, newest[0].seq - 1)
-            *kept, popped = message_to_items(newest[0])
+            *kept, popped = message_to_items(newest)
             if kept:  # a message other code wrote, holding several items: put the rest back
                 await uow.messages.append(chat, [item_to_message(item) for item in kept])
             return popped
@@ -225,9 +222,9 @@ class MemormSession:
             chat = await self._find(uow)
             if chat is None:
                 return
-            first = await uow.messages.window(chat, limit=1, after_seq=_BEFORE_FIRST)
-            if first:
-                await uow.messages.delete_after(chat, first[0].seq - 1)
+            # Deleted since we found it (Postgres, by a concurrent transaction): nothing to clear.
+            with contextlib.suppress(NotFoundError):
+                await uow.messages.clear(chat)
 
 
 async def _read_all(uow: UnitOfWork, chat: uuid.UUID) -> list[TResponseInputItem]:

@@ -1,0 +1,54 @@
+"""LangChain on memorm: a chat message history and a vector store (extra ``langchain``).
+
+* :class:`MemormChatMessageHistory` — a ``BaseChatMessageHistory`` over
+  ``uow.sessions`` and ``uow.messages``: one memorm session per external key.
+* :class:`MemormVectorStore` — a ``VectorStore`` over ``uow.passages``.
+
+Both are thin layers over memorm's repositories, async-native, with working
+sync methods.  Sync methods run on a private event loop in a daemon thread
+(:class:`SyncBridge`), against a private copy of your ``Database``: an engine's
+pooled connections belong to the event loop that opened them, so sync calls
+must never touch the pool your own loop uses.  The copy is
+``db.clone()`` (same URL, token counter and engine options, its own pool),
+made on first sync use; :func:`dispose_sync` closes it (it also closes when
+your ``Database`` is garbage-collected, and at interpreter exit).  Sync
+methods are therefore safe from plain sync code with no event loop, from a
+worker thread while your loop runs elsewhere, and even (blocking it) from
+inside a running loop.  An in-memory SQLite database cannot be copied: use a
+file, or the async methods only.
+
+Modules: :mod:`~memorm.compat.langchain.messages` (message mapping),
+:mod:`~memorm.compat.langchain.history`,
+:mod:`~memorm.compat.langchain.documents` (document mapping),
+:mod:`~memorm.compat.langchain.vectorstore` with its searches in
+:mod:`~memorm.compat.langchain.search` and its units of work in
+:mod:`~memorm.compat.langchain.archive`; the sync bridge is
+:mod:`memorm.compat._sync`.
+
+Importing :mod:`memorm` never imports LangChain; only this package does.
+"""
+
+from __future__ import annotations
+
+from memorm.compat import _sync
+from memorm.compat._sync import SyncBridge, adispose_sync, dispose_sync
+from memorm.compat._sync import private_copy as private_copy
+from memorm.compat.langchain.documents import DOCUMENT_ID_KEY as DOCUMENT_ID_KEY
+from memorm.compat.langchain.documents import DOCUMENT_ID_NAMESPACE as DOCUMENT_ID_NAMESPACE
+from memorm.compat.langchain.history import PAGE as PAGE
+from memorm.compat.langchain.history import MemormChatMessageHistory
+from memorm.compat.langchain.messages import LANGCHAIN_KEY as LANGCHAIN_KEY
+from memorm.compat.langchain.messages import from_langchain, to_langchain
+from memorm.compat.langchain.vectorstore import MemormVectorStore
+
+__all__ = [
+    "MemormChatMessageHistory",
+    "MemormVectorStore",
+    "SyncBridge",
+    "adispose_sync",
+    "dispose_sync",
+    "from_langchain",
+    "to_langchain",
+]
+
+_BRIDGE = _sync.BRIDGE  # the process's sync bridge, importable here as before the split
