@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import anyio
 import pytest
 from conftest import Store
@@ -78,3 +80,15 @@ async def test_clone_opens_the_same_database_with_the_same_options(db: Database,
             assert await uow.agents.get_by_name("seen by the clone") is not None
     finally:
         await clone.dispose()
+
+
+async def test_delete_many_of_unknown_ids_leaves_the_archive_version_alone(db: Database) -> None:
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create("versions")
+        await uow.passages.add(agent.id, "kept", [1.0, 0.0])
+    async with db.unit_of_work() as uow:
+        before = (await uow.agents.get(agent.id)).archive_version
+        assert await uow.passages.delete_many(agent.id, [uuid.uuid4()]) == 0
+    async with db.unit_of_work() as uow:
+        uow.session.expire_all()
+        assert (await uow.agents.get(agent.id)).archive_version == before

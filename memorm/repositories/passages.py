@@ -310,12 +310,14 @@ class PassageRepository(Repository):
         """Delete these passages of the agent (others' and unknown ids are ignored); returns how many."""
         key = as_uuid(agent_id, "agent_id")
         wanted = [as_uuid(passage_id, "ids[]") for passage_id in ids]
-        if not wanted:
-            return 0
+        await self._require_agent(key)
+        mine = sa.and_(PASSAGES.c.agent_id == key, PASSAGES.c.id.in_(wanted))
+        if not wanted or await self._scalar(sa.select(PASSAGES.c.id).where(mine).limit(1)) is None:
+            return 0  # unknown ids change nothing, so caches stay valid
+        # The bump locks the agent before the delete, so concurrent writers of the
+        # same passages queue here and then see each other's committed rows.
         await self._touch_agent(key)
-        result = await self._execute(
-            sa.delete(PASSAGES).where(PASSAGES.c.agent_id == key, PASSAGES.c.id.in_(wanted))
-        )
+        result = await self._execute(sa.delete(PASSAGES).where(mine))
         return int(result.rowcount)  # type: ignore[attr-defined]
 
     async def _touch_agent(self, key: uuid.UUID) -> None:
