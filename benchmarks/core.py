@@ -471,7 +471,7 @@ async def bench_window(
             note=""
             if index
             else "raw: one autocommit SELECT, rows decoded to dicts; memorm: a read-only unit of work "
-            "(its own transaction) loading Message objects",
+            "(autocommit: no BEGIN/COMMIT) loading Message objects",
         )
         for index, size in enumerate(sizes)
     ]
