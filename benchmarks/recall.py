@@ -110,7 +110,7 @@ async def run_engine(engine: str, *, quick: bool) -> list[Row]:
                         f"search '{WORD}' in {size:,} msgs (raw: LIKE scan)",
                         memorm_samples,
                         like_samples,
-                        target=0.1,
+                        target=0.1 if size == SIZES[-1] else None,  # the 10x is at 100,000
                         note=(
                             f"{page.total} matches; full-text "
                             f"{like_samples.median / memorm_samples.median:.0f}x faster than LIKE"

@@ -47,6 +47,7 @@ __all__ = ["MessageRepository"]
 
 _COLUMNS = tuple(column.name for column in MESSAGES.columns)
 SEQ_MAX = 2**31 - 1  # seq is a 32-bit integer
+SEQ_MIN = -(2**31)
 _WINDOW_BACK = (  # the newest `limit` messages up to seq `bound`, newest first
     sa.select(*MESSAGES.c)
     .where(MESSAGES.c.session_id == sa.bindparam("session_id"), MESSAGES.c.seq <= sa.bindparam("bound"))
@@ -315,7 +316,7 @@ class MessageRepository(Repository):
         budget = check_int(max_tokens, "max_tokens", minimum=1)
         system: Message | None = None
         where: list[ColumnElement[bool]] = [MESSAGES.c.session_id == key]
-        head = await self._select(*where, order=MESSAGES.c.seq, limit=1)
+        head = await self._fetch_window(key, forward=True, bound=SEQ_MIN, limit=1)
         if not head:
             await self._require_session(key)
             return []
@@ -328,14 +329,25 @@ class MessageRepository(Repository):
         span = await self._budget_span(where, budget)
         if span is None:
             return [system] if system is not None else []
+        first, last, rows = span
         # Bounded on both sides: rows appended meanwhile must not stretch the budget.
-        body = await self._select(*where, MESSAGES.c.seq.between(*span), order=MESSAGES.c.seq)
+        fetched = await self._fetch_window(key, forward=True, bound=first, limit=rows)
+        body = [message for message in fetched if message.seq <= last]
         while body and body[0].role == "tool":  # an answer whose call did not fit
             body.pop(0)
         return [system, *body] if system is not None else body
 
-    async def _budget_span(self, where: list[ColumnElement[bool]], budget: int) -> tuple[int, int] | None:
-        """The ``(first, last)`` seqs of the newest messages that fit in ``budget`` tokens, if any.
+    async def _fetch_window(self, key: uuid.UUID, *, forward: bool, bound: int, limit: int) -> list[Message]:
+        """Messages from ``bound`` on (``forward``) or up to it, ``limit`` of them, in scan order."""
+        statement = _WINDOW_FORWARD if forward else _WINDOW_BACK
+        async with guarded(self.session):
+            found = await fetch(self.session, statement, {"session_id": key, "bound": bound, "limit": limit})
+        return [hydrate(Message, dict(zip(_COLUMNS, row, strict=True))) for row in found]
+
+    async def _budget_span(
+        self, where: list[ColumnElement[bool]], budget: int
+    ) -> tuple[int, int, int] | None:
+        """``(first seq, last seq, rows)`` of the newest messages that fit in ``budget`` tokens, if any.
 
         The running total is a window function over the newest rows, so one
         row crosses the wire, whatever the history's length.  The scan starts
@@ -365,7 +377,7 @@ class MessageRepository(Repository):
             ).one()
             first, last, fitting = tuple(fitted)
             if fitting < cap:  # the budget ran out (or the history did) inside the cap
-                return None if fitting == 0 else (int(first), int(last))
+                return None if fitting == 0 else (int(first), int(last), int(fitting))
             cap *= 2
 
     async def count(self, session_id: uuid.UUID | str, *, roles: Iterable[str] | None = None) -> int:
