@@ -129,7 +129,7 @@ def check_vector(value: object, field: str = "embedding") -> list[float]:
         and 0 < len(value) <= 16000
         and set(map(type, value)) == _FLOAT_ONLY  # in C, unlike a generator over the items
         and math.isfinite(math.fsum(value))
-        and -FLOAT32_MAX <= min(value)
+        and min(value) >= -FLOAT32_MAX
         and max(value) <= FLOAT32_MAX
     ):
         return list(value)
