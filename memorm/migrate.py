@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "alembic_config",
+    "check_drift",
     "create_all",
     "current_revision",
     "downgrade",
@@ -128,6 +129,42 @@ async def current_revision(db: Database) -> str | None:
             lambda c: MigrationContext.configure(c).get_current_revision()
         )
     return revision
+
+
+async def check_drift(db: Database) -> list[str]:
+    """How the live schema differs from memorm's models, one line per difference (empty: none).
+
+    Raises :class:`~memorm.errors.SchemaError` (naming ``memorm db upgrade``)
+    when the schema is not at the head revision: a schema behind head differs
+    by design, and upgrading is the fix.  Otherwise alembic's autogenerate
+    compares the models with the database (``compare_type=True``), ignoring
+    the full-text objects, tables of other applications and the HNSW indexes
+    built at run time (:func:`memorm.drift.include_name`).
+
+    Example::
+
+        async with Database(url) as db:
+            for difference in await check_drift(db):
+                print(difference)
+    """
+    from alembic.autogenerate import compare_metadata
+
+    from memorm.drift import describe_all
+    from memorm.drift import include_name as drift_filter
+    from memorm.errors import SchemaError
+    from memorm.translate import READ_ONLY
+
+    current, head = await current_revision(db), head_revision()
+    if current != head:
+        where = "has no memorm schema" if current is None else f"is at revision {current}"
+        raise SchemaError(f"the database {where}, not {head}: run `memorm db upgrade`")
+
+    def compare(connection: Connection) -> list[str]:
+        options = {"compare_type": True, "include_name": drift_filter}
+        return describe_all(compare_metadata(MigrationContext.configure(connection, opts=options), metadata))
+
+    async with db.engine.execution_options(**{READ_ONLY: True}).connect() as connection:
+        return await connection.run_sync(compare)
 
 
 def include_name(name: str | None, type_: str, parent_names: Any) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from memorm.cli.inspect import run_check as _check
 from memorm.db import Database
 
 __all__ = ["register"]
@@ -41,5 +42,7 @@ def register(commands: Any) -> None:
     downgrade.set_defaults(handler=_downgrade)
     current = actions.add_parser("current", help="the schema's revision")
     current.set_defaults(handler=_current)
-    for action in (upgrade, downgrade, current):
+    check = actions.add_parser("check", help="exit 1 if the schema is behind head or drifts from the models")
+    check.set_defaults(handler=_check)
+    for action in (upgrade, downgrade, current, check):
         action.add_argument("--url", help="database URL")
