@@ -1,4 +1,4 @@
-"""Developer sessions: ``nox -s tests lint migrations bench demo``.
+"""Developer sessions: ``nox -s tests lint migrations bench demo docs``.
 
 Dependencies come from ``[dependency-groups]`` in pyproject.toml.  The Postgres
 URL comes from ``MEMORM_TEST_POSTGRES_URL`` (default: the local server's
@@ -58,3 +58,10 @@ def demo(session: nox.Session) -> None:
     """The README's demo on the embedded SQLite default."""
     install(session)
     session.run("memorm", "demo", *session.posargs)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site, built strictly (warnings fail) into site/."""
+    install(session, "docs")
+    session.run("mkdocs", "build", "--strict", "--site-dir", "site", *session.posargs)
