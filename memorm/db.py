@@ -6,7 +6,7 @@ Per-dialect connection setup lives here and nowhere else:
   that really begin.  Writing units of work open with ``BEGIN IMMEDIATE``, so
   concurrent writers queue for the write lock instead of failing with
   "database is locked" when a read lock cannot be upgraded.
-* Postgres: asyncpg with a shared pool (pre-pinged), and pgvector's binary
+* Postgres: asyncpg with a shared pool, and pgvector's binary
   codec registered on each new connection.
 """
 
