@@ -1,0 +1,149 @@
+"""examples/fastapi_server.py, driven over ASGI with httpx, on both engines.
+
+The app reads a plain URL from ``MEMORM_DATABASE_URL`` (a URL cannot carry a
+search_path), so on Postgres each test gets a throwaway database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+from sqlalchemy.engine import make_url
+
+from tests.conftest import POSTGRES_URL, asyncpg_dsn
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+
+from examples.fastapi_server import app  # noqa: E402  (after the skips)
+
+pytestmark = pytest.mark.anyio
+
+
+async def _admin(sql: str) -> None:
+    connection = await asyncpg.connect(asyncpg_dsn())
+    try:
+        await connection.execute(sql)
+    finally:
+        await connection.close()
+
+
+@pytest.fixture
+def database_url(engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The app's database: a SQLite file, or a throwaway Postgres database."""
+    if engine == "sqlite":
+        url = f"sqlite:///{tmp_path / 'server.db'}"
+        monkeypatch.setenv("MEMORM_DATABASE_URL", url)
+        yield url
+        return
+    name = f"memorm_server_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
+    try:
+        url = make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
+        monkeypatch.setenv("MEMORM_DATABASE_URL", url)
+        yield url
+    finally:
+        asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+async def client(database_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    """An httpx client on the app, inside its lifespan (the database opened and migrated)."""
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://memorm.test") as http:
+            yield http
+
+
+async def new_session(client: httpx.AsyncClient, name: str = "sam") -> tuple[str, str]:
+    agent = await client.post("/agents", json={"name": name, "system": "You are Sam."})
+    assert agent.status_code == 201, agent.text
+    chat = await client.post(f"/agents/{agent.json()['id']}/sessions", json={"title": "first"})
+    assert chat.status_code == 201, chat.text
+    assert chat.json()["agent_id"] == agent.json()["id"]
+    return agent.json()["id"], chat.json()["id"]
+
+
+async def test_append_returns_stored_messages_with_seq(client: httpx.AsyncClient) -> None:
+    _, chat = await new_session(client)
+    first = await client.post(
+        f"/sessions/{chat}/messages",
+        json=[{"role": "system", "content": "You are Sam."}, {"role": "user", "content": "hi"}],
+    )
+    assert first.status_code == 201, first.text
+    assert [(m["seq"], m["role"]) for m in first.json()] == [(1, "system"), (2, "user")]
+    more = await client.post(f"/sessions/{chat}/messages", json=[{"role": "assistant", "content": "hello"}])
+    assert [m["seq"] for m in more.json()] == [3]
+    assert more.json()[0]["session_id"] == chat
+
+
+async def test_context_keeps_system_and_newest_within_budget(client: httpx.AsyncClient) -> None:
+    _, chat = await new_session(client)
+    messages = [{"role": "system", "content": "You are Sam."}]
+    messages += [{"role": "user", "content": f"message {n} " + "word " * 20} for n in range(10)]
+    assert (await client.post(f"/sessions/{chat}/messages", json=messages)).status_code == 201
+    everything = await client.get(f"/sessions/{chat}/context", params={"max_tokens": 100_000})
+    assert everything.status_code == 200
+    assert [m["seq"] for m in everything.json()] == list(range(1, 12))
+    tight = await client.get(f"/sessions/{chat}/context", params={"max_tokens": 80})
+    kept = tight.json()
+    assert kept[0]["role"] == "system"
+    assert 1 < len(kept) < 11
+    assert [m["seq"] for m in kept[1:]] == list(range(12 - len(kept) + 1, 12))  # the newest, in order
+
+
+async def test_search_returns_items_and_total(client: httpx.AsyncClient) -> None:
+    agent, chat = await new_session(client)
+    batch = [{"role": "user", "content": f"the blue whale number {n}"} for n in range(3)]
+    batch.append({"role": "assistant", "content": "a red herring"})
+    await client.post(f"/sessions/{chat}/messages", json=batch)
+    found = await client.get(f"/agents/{agent}/search", params={"q": "whale", "limit": 2})
+    assert found.status_code == 200
+    assert found.json()["total"] == 3
+    assert len(found.json()["items"]) == 2
+    assert all("whale" in m["content"] for m in found.json()["items"])
+    nothing = await client.get(f"/agents/{agent}/search", params={"q": "submarine"})
+    assert nothing.json() == {"items": [], "total": 0}
+
+
+async def test_unknown_ids_are_404(client: httpx.AsyncClient) -> None:
+    missing = str(uuid.uuid4())
+    assert (await client.post(f"/agents/{missing}/sessions", json={})).status_code == 404
+    assert (await client.post(f"/sessions/{missing}/messages", json=[])).status_code == 404
+    response = await client.get(f"/sessions/{missing}/context", params={"max_tokens": 10})
+    assert response.status_code == 404
+    assert "no session" in response.json()["detail"]
+    assert (await client.get(f"/agents/{missing}/search", params={"q": "x"})).status_code == 404
+
+
+async def test_taken_agent_name_is_409(client: httpx.AsyncClient) -> None:
+    await new_session(client, "taken")
+    again = await client.post("/agents", json={"name": "taken"})
+    assert again.status_code == 409
+    assert again.json()["detail"]
+
+
+async def test_memorm_validation_errors_are_422_and_write_nothing(client: httpx.AsyncClient) -> None:
+    _, chat = await new_session(client)
+    blank = await client.post("/agents", json={"name": "   "})  # memorm rejects blank names
+    assert blank.status_code == 422
+    assert "name" in blank.json()["detail"]
+    nul = await client.post(
+        f"/sessions/{chat}/messages",
+        json=[{"role": "user", "content": "fine"}, {"role": "user", "content": "bad\x00byte"}],
+    )
+    assert nul.status_code == 422
+    budget = await client.get(f"/sessions/{chat}/context", params={"max_tokens": 0})
+    assert budget.status_code == 422
+    assert (await client.get(f"/sessions/{chat}/context", params={"max_tokens": 10**6})).json() == []
+
+
+async def test_request_validation_is_422(client: httpx.AsyncClient) -> None:
+    _, chat = await new_session(client)
+    assert (await client.post(f"/sessions/{chat}/messages", json=[{"role": "robot"}])).status_code == 422
+    assert (await client.get("/sessions/not-a-uuid/context", params={"max_tokens": 5})).status_code == 422
