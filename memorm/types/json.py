@@ -29,9 +29,12 @@ def _int_or_float(text: str) -> int | float:
     return float(text) if not -(2**63) <= value < 2**63 else value
 
 
+_DECODER = json.JSONDecoder(parse_int=_int_or_float)  # json.loads(parse_int=) builds one per call
+
+
 def loads(text: str | bytes) -> Any:
     """Parse JSON as stored by memorm (see :func:`_int_or_float`)."""
-    return json.loads(text, parse_int=_int_or_float)
+    return _DECODER.decode(text.decode() if isinstance(text, bytes) else text)
 
 
 class JSONType(sa.types.TypeDecorator[Any]):
