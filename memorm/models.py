@@ -191,5 +191,6 @@ def hydrate(model: type[M], values: dict[str, Any]) -> M:
     instance.__dict__.update(values)
     return instance
 
+
 # The full-text indexes' DDL joins the metadata's create_all (it needs the tables above).
 from memorm.search import fts_ddl as _fts_ddl  # noqa: E402, F401

@@ -1,0 +1,133 @@
+"""``memorm copy|export|import``: moving whole databases, with a progress bar.
+
+The logic lives in :mod:`memorm.transfer`; this module parses arguments,
+draws progress with rich (on stderr, and only on a terminal) and prints a
+summary.  A failed verification prints the tables that differ and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+
+from memorm.db import Database
+from memorm.transfer import DEFAULT_BATCH_SIZE, TABLES, copy_database, export_jsonl, import_jsonl
+from memorm.transfer.copy import CopyReport, verify_copy
+
+__all__ = ["register"]
+
+
+class _Bars:
+    """A :class:`~memorm.transfer.Reporter` drawing one rich progress bar per task."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.tasks: dict[str, TaskID] = {}
+
+    def start(self, task: str, total: int) -> None:
+        self.tasks[task] = self.progress.add_task(task, total=total)
+
+    def advance(self, task: str, rows: int) -> None:
+        self.progress.advance(self.tasks[task], rows)
+
+
+def _progress() -> Progress:
+    console = Console(stderr=True)
+    return Progress(
+        TextColumn("{task.description:<18}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not console.is_terminal,
+    )
+
+
+def _summary(verb: str, inserted: Mapping[str, int], skipped: Mapping[str, int]) -> None:
+    for table in TABLES:
+        name = table.name
+        extra = f" ({skipped[name]:,} already there)" if skipped.get(name) else ""
+        print(f"{verb} {inserted.get(name, 0):,} {name}{extra}")
+
+
+def _verdict(report: CopyReport) -> int:
+    if report.problems:
+        print("memorm: error: verification failed:", file=sys.stderr)
+        for problem in report.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 1
+    rows = sum(digest.count for digest in report.destination.values())
+    print(f"verified: {rows:,} rows in {len(report.destination)} tables match (counts and sha256)")
+    return 0
+
+
+async def _copy(args: argparse.Namespace) -> int:
+    async with Database(args.source) as source, Database(args.destination) as destination:
+        with _progress() as progress:
+            bars = _Bars(progress)
+            if args.verify_only:
+                report = await verify_copy(source, destination, batch_size=args.batch_size, reporter=bars)
+            else:
+                report = await copy_database(
+                    source, destination, batch_size=args.batch_size, verify=not args.no_verify, reporter=bars
+                )
+    if not args.verify_only:
+        _summary("copied", report.inserted, report.skipped)
+    return _verdict(report) if report.destination else 0
+
+
+async def _export(args: argparse.Namespace) -> int:
+    async with Database(args.url) as db:
+        with _progress() as progress:
+            written = await export_jsonl(db, args.file, batch_size=args.batch_size, reporter=_Bars(progress))
+    _summary("exported", written, {})
+    return 0
+
+
+async def _import(args: argparse.Namespace) -> int:
+    async with Database(args.url) as db:
+        with _progress() as progress:
+            report = await import_jsonl(db, args.file, batch_size=args.batch_size, reporter=_Bars(progress))
+    _summary("imported", report.inserted, report.skipped)
+    return 0
+
+
+def _batch_size(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 20_000:
+        raise argparse.ArgumentTypeError("expected 1 to 20,000 rows")
+    return value
+
+
+def register(commands: Any) -> None:
+    copy = commands.add_parser(
+        "copy", help="copy every row from one database to another (re-runnable), then verify"
+    )
+    copy.add_argument("source", metavar="SRC_URL", help="database to read")
+    copy.add_argument("destination", metavar="DST_URL", help="database to write (migrated to head first)")
+    check = copy.add_mutually_exclusive_group()
+    check.add_argument(
+        "--verify-only", action="store_true", help="compare counts and checksums; copy nothing"
+    )
+    check.add_argument("--no-verify", action="store_true", help="skip the final comparison")
+    copy.set_defaults(handler=_copy)
+    export = commands.add_parser("export", help="write a database to a JSON Lines file (.gz compresses)")
+    export.add_argument("url", metavar="URL", help="database to read")
+    export.add_argument("file", metavar="FILE", help="file to write")
+    export.set_defaults(handler=_export)
+    import_ = commands.add_parser("import", help="load a JSON Lines export (skips rows already there)")
+    import_.add_argument("url", metavar="URL", help="database to write (must be at head)")
+    import_.add_argument("file", metavar="FILE", help="export to read")
+    import_.set_defaults(handler=_import)
+    for command in (copy, export, import_):
+        command.add_argument(
+            "--batch-size",
+            type=_batch_size,
+            default=DEFAULT_BATCH_SIZE,
+            help=f"rows per statement and transaction (default {DEFAULT_BATCH_SIZE:,})",
+        )

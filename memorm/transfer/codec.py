@@ -1,0 +1,108 @@
+"""Rows <-> JSON-safe dicts: uuids as strings, datetimes in ISO 8601, embeddings as lists.
+
+The same encoding serves the JSON Lines files and the checksums: a row's
+canonical form (:func:`canonical`) is its JSON-safe values with JSON keys
+sorted, so two databases holding equal rows produce equal bytes whatever
+their engines.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from functools import cache
+from typing import Any
+
+import sqlalchemy as sa
+
+from memorm.errors import ValidationError
+from memorm.transfer.rows import Row, column_names
+from memorm.types import UTCDateTime, UUIDType
+
+__all__ = ["canonical", "from_json_row", "to_json_row"]
+
+Convert = Callable[[Any], Any] | None
+
+
+def _encode_datetime(value: datetime) -> str:
+    return value.isoformat()
+
+
+def _decode_datetime(value: str) -> datetime:
+    parsed = datetime.fromisoformat(value)
+    if parsed.tzinfo is None:
+        raise ValueError(f"datetime {value!r} has no timezone")
+    return parsed
+
+
+@cache
+def _encoders(table: sa.Table) -> tuple[Convert, ...]:
+    encoders: list[Convert] = []
+    for column in table.c:
+        if isinstance(column.type, UUIDType):
+            encoders.append(str)
+        elif isinstance(column.type, UTCDateTime):
+            encoders.append(_encode_datetime)
+        else:  # text, numbers, JSON documents and vectors (lists of floats) are JSON already
+            encoders.append(None)
+    return tuple(encoders)
+
+
+@cache
+def _decoders(table: sa.Table) -> tuple[Convert, ...]:
+    decoders: list[Convert] = []
+    for column in table.c:
+        if isinstance(column.type, UUIDType):
+            decoders.append(uuid.UUID)
+        elif isinstance(column.type, UTCDateTime):
+            decoders.append(_decode_datetime)
+        else:
+            decoders.append(None)
+    return tuple(decoders)
+
+
+def to_json_row(table: sa.Table, row: Row) -> dict[str, Any]:
+    """``row`` of ``table`` as a dict of JSON-safe values, keyed by column."""
+    return {
+        name: value if encode is None or value is None else encode(value)
+        for name, encode, value in zip(column_names(table), _encoders(table), row, strict=True)
+    }
+
+
+def from_json_row(table: sa.Table, data: Mapping[str, Any]) -> Row:
+    """The row of ``table`` that :func:`to_json_row` encoded as ``data``.
+
+    Raises:
+        ValidationError: a column is missing or extra, or a value cannot be decoded.
+    """
+    names = column_names(table)
+    if len(data) != len(names) or any(name not in data for name in names):
+        missing = sorted(set(names) - set(data))
+        extra = sorted(set(data) - set(names))
+        raise ValidationError(f"{table.name} row: missing columns {missing}, unknown columns {extra}")
+    values = []
+    for name, decode in zip(names, _decoders(table), strict=True):
+        value = data[name]
+        if decode is not None and value is not None:
+            try:
+                value = decode(value)
+            except (TypeError, ValueError) as error:
+                raise ValidationError(f"{table.name}.{name}: {error}") from None
+        values.append(value)
+    return tuple(values)
+
+
+def canonical(table: sa.Table, row: Row) -> bytes:
+    """The bytes a checksum takes for ``row``: its JSON-safe values in column order, UTF-8.
+
+    A list, not a dict: the column order is the schema's on both engines.  Keys
+    inside JSON documents are sorted, since jsonb does not keep their order.
+    """
+    values = [
+        value if encode is None or value is None else encode(value)
+        for encode, value in zip(_encoders(table), row, strict=True)
+    ]
+    text = json.dumps(values, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return text.encode("utf-8")

@@ -1,0 +1,113 @@
+"""Copy every row of one memorm database into another (SQLite <-> Postgres).
+
+Tables go in dependency order, each in keyset-paged batches: read a batch
+from the source, ask the destination which of its ids it has, bulk-insert the
+rest (COPY on Postgres) and commit.  Memory stays at one batch, and a second
+run inserts nothing.  Rows are copied verbatim, counters included
+(``sessions.next_seq``, ``agents.archive_version``), so the copy carries on
+exactly where the source stands.
+
+The source's checksums are taken from the batches as they are copied; a
+verification pass then reads the destination and compares (see
+:mod:`memorm.transfer.verify`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memorm.db import Database
+from memorm.transfer.rows import (
+    DEFAULT_BATCH_SIZE,
+    TABLES,
+    Reporter,
+    Silent,
+    count_rows,
+    insert_new,
+    read_batches,
+)
+from memorm.transfer.verify import Digester, TableDigest, compare_digests, digest_database
+
+__all__ = ["CopyReport", "copy_database", "verify_copy"]
+
+
+@dataclass
+class CopyReport:
+    """What a copy did, by table name.
+
+    Attributes:
+        inserted: rows written to the destination.
+        skipped: rows the destination already had (by id).
+        source: the source's digests; ``destination`` the destination's (empty unverified).
+        problems: one line per table that differs; empty when the copy verified.
+    """
+
+    inserted: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+    source: dict[str, TableDigest] = field(default_factory=dict)
+    destination: dict[str, TableDigest] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
+async def copy_database(
+    source: Database,
+    destination: Database,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    verify: bool = True,
+    reporter: Reporter | None = None,
+) -> CopyReport:
+    """Copy every agent, embedding model, session, message and passage of ``source`` into ``destination``.
+
+    The destination is migrated to head first; the source must be at head
+    already (``SchemaError`` otherwise).  Rows whose id the destination has
+    are skipped, so the copy can be re-run after an interruption.
+
+    Args:
+        batch_size: rows read and written per statement and transaction.
+        verify: compare row counts and checksums of both sides afterwards;
+            differences land in :attr:`CopyReport.problems`.
+        reporter: progress (see :class:`~memorm.transfer.rows.Reporter`).
+    """
+    report = reporter or Silent()
+    await source.check_schema()
+    await destination.upgrade()
+    await destination.check_schema()
+    result = CopyReport()
+    for table in TABLES:
+        report.start(table.name, await count_rows(source, table))
+        digester = Digester(table)
+        inserted = skipped = 0
+        async for rows in read_batches(source, table, batch_size=batch_size):
+            digester.add(rows)
+            fresh = await insert_new(destination, table, rows)
+            inserted += fresh
+            skipped += len(rows) - fresh
+            report.advance(table.name, len(rows))
+        result.inserted[table.name] = inserted
+        result.skipped[table.name] = skipped
+        result.source[table.name] = digester.digest()
+    if verify:
+        result.destination = await digest_database(destination, batch_size=batch_size, reporter=report)
+        result.problems = compare_digests(result.source, result.destination)
+    return result
+
+
+async def verify_copy(
+    source: Database,
+    destination: Database,
+    *,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    reporter: Reporter | None = None,
+) -> CopyReport:
+    """Compare two databases without copying: counts and checksums of every table.
+
+    Both must be at head (``SchemaError`` otherwise); nothing is written.
+    """
+    await source.check_schema()
+    await destination.check_schema()
+    result = CopyReport()
+    result.source = await digest_database(source, batch_size=batch_size, reporter=reporter)
+    result.destination = await digest_database(destination, batch_size=batch_size, reporter=reporter)
+    result.problems = compare_digests(result.source, result.destination)
+    return result

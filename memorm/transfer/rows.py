@@ -1,0 +1,142 @@
+"""Tables as streams of rows: read in keyset-paged batches, written without duplicates.
+
+Rows are tuples of Python values in the table's column order
+(:func:`column_names`), exactly what the column types return and accept, so a
+row read from one engine is written to the other unchanged.  Ids are UUIDv7 and
+paging runs on ``id``: each table is read oldest first, and in the same order
+on both engines (SQLite keeps uuids as 32 hex digits, which sort as Postgres
+sorts ``uuid``), which is what lets checksums of the two sides be compared.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from functools import cache
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+
+from memorm.db import Database
+from memorm.driver import fetch, insert_rows
+from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS
+from memorm.translate import guarded
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "TABLES",
+    "Reporter",
+    "Row",
+    "Silent",
+    "column_names",
+    "count_rows",
+    "id_index",
+    "insert_new",
+    "read_batches",
+    "table_named",
+]
+
+# Parents before children: every foreign key finds its row already written.
+TABLES: tuple[sa.Table, ...] = (AGENTS, EMBEDDING_MODELS, SESSIONS, MESSAGES, PASSAGES)
+DEFAULT_BATCH_SIZE = 5_000
+
+Row = tuple[Any, ...]
+
+
+class Reporter(Protocol):
+    """Where progress goes (a progress bar in the CLI; :class:`Silent` elsewhere)."""
+
+    def start(self, task: str, total: int) -> None:
+        """A new task (``"messages"``, ``"verify messages"``…) of ``total`` rows begins."""
+
+    def advance(self, task: str, rows: int) -> None:
+        """``rows`` more rows of ``task`` are done."""
+
+
+class Silent:
+    """A :class:`Reporter` that reports nothing."""
+
+    def start(self, task: str, total: int) -> None:
+        """Ignore the start."""
+
+    def advance(self, task: str, rows: int) -> None:
+        """Ignore the progress."""
+
+
+def table_named(name: object) -> sa.Table:
+    """The memorm table called ``name``; ``KeyError`` if there is none."""
+    for table in TABLES:
+        if table.name == name:
+            return table
+    raise KeyError(name)
+
+
+@cache
+def column_names(table: sa.Table) -> tuple[str, ...]:
+    """The table's columns, in the order its rows' values come."""
+    return tuple(table.c.keys())
+
+
+def id_index(table: sa.Table) -> int:
+    """Where ``id`` is in a row of ``table``."""
+    return column_names(table).index("id")
+
+
+@cache
+def _pages(table: sa.Table) -> tuple[sa.Select[Any], sa.Select[Any]]:
+    """The first page's statement and the next pages' (module-level, so :func:`fetch` caches them)."""
+    limit = sa.bindparam("limit", type_=sa.Integer)
+    first = sa.select(*table.c).order_by(table.c.id).limit(limit)
+    after = sa.select(*table.c).where(table.c.id > sa.bindparam("after")).order_by(table.c.id).limit(limit)
+    return first, after
+
+
+async def count_rows(db: Database, table: sa.Table) -> int:
+    """How many rows ``table`` has."""
+    async with db.unit_of_work(read_only=True) as uow, guarded(uow.session):
+        total = await uow.session.scalar(sa.select(sa.func.count()).select_from(table))
+    return int(total or 0)
+
+
+async def read_batches(
+    db: Database, table: sa.Table, *, batch_size: int = DEFAULT_BATCH_SIZE
+) -> AsyncIterator[list[Row]]:
+    """Every row of ``table`` in id order, ``batch_size`` rows at a time.
+
+    Each page is its own statement (``WHERE id > last ORDER BY id LIMIT n``),
+    so a long read holds no transaction open and memory stays at one batch.
+    """
+    first, after = _pages(table)
+    at = id_index(table)
+    last: uuid.UUID | None = None
+    while True:
+        async with db.unit_of_work(read_only=True) as uow, guarded(uow.session):
+            if last is None:
+                rows = await fetch(uow.session, first, {"limit": batch_size})
+            else:
+                rows = await fetch(uow.session, after, {"after": last, "limit": batch_size})
+        if rows:
+            yield rows
+        if len(rows) < batch_size:
+            return
+        last = rows[-1][at]
+
+
+async def insert_new(db: Database, table: sa.Table, rows: Sequence[Row]) -> int:
+    """Insert the ``rows`` whose id ``db`` lacks, in one transaction; how many were new.
+
+    Existing rows are skipped, not compared: a verification pass (see
+    :mod:`memorm.transfer.verify`) tells whether they match.
+    """
+    if not rows:
+        return 0
+    at = id_index(table)
+    ids = [row[at] for row in rows]
+    async with db.unit_of_work() as uow:
+        async with guarded(uow.session):
+            found = set(
+                (await uow.session.execute(sa.select(table.c.id).where(table.c.id.in_(ids)))).scalars()
+            )
+        fresh = [row for row in rows if row[at] not in found] if found else list(rows)
+        await insert_rows(uow.session, table, column_names(table), fresh)
+    return len(fresh)

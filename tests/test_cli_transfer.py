@@ -1,0 +1,340 @@
+"""``memorm copy|export|import``: whole databases move between engines, row for row.
+
+The commands run in-process through ``memorm.cli.main`` (which calls
+``asyncio.run``), so these tests are plain functions that set up and inspect
+their databases with ``asyncio.run`` too.  Postgres databases are throwaway
+ones (a URL cannot carry a search_path), created and dropped per test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from memorm import Database, __version__
+from memorm.cli import main
+from memorm.migrate import head_revision
+from memorm.transfer import TABLES
+from tests.conftest import POSTGRES_URL, REQUIRE_POSTGRES, asyncpg_dsn, postgres_unavailable
+
+Dump = dict[str, list[dict[str, Any]]]
+
+
+async def _admin(sql: str) -> None:
+    connection = await asyncpg.connect(asyncpg_dsn())
+    try:
+        await connection.execute(sql)
+    finally:
+        await connection.close()
+
+
+@pytest.fixture
+def postgres_urls() -> Iterator[Any]:
+    """Hands out URLs of fresh Postgres databases, all dropped afterwards."""
+    reason = postgres_unavailable()
+    if reason is not None:
+        if REQUIRE_POSTGRES:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    names: list[str] = []
+
+    class Urls:
+        def new(self) -> str:
+            name = f"memorm_transfer_{uuid.uuid4().hex[:12]}"
+            asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
+            names.append(name)
+            return make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
+
+    try:
+        yield Urls()
+    finally:
+        for name in names:
+            asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+def _url(engine: str, tmp_path: Path, postgres_urls: Any, name: str) -> str:
+    return f"sqlite:///{tmp_path / name}.db" if engine == "sqlite" else postgres_urls.new()
+
+
+async def _populate(url: str) -> None:
+    """Two agents, each with a session of four messages (tool calls, unicode, meta).
+
+    Each agent has passages of two models, one of them float16.
+    """
+    async with Database(url) as db:
+        await db.upgrade()
+        async with db.unit_of_work() as uow:
+            for n in range(2):
+                agent = await uow.agents.create(
+                    f"agent-{n}",
+                    system="Tu es Ξ, 🧠 d'un agent",
+                    core_memory={"human": "Zoë, 日本語"},
+                    meta={"zz": "jsonb sorts keys", "n": n, "nested": {"b": [1, 2.5, None], "a": {}}},
+                )
+                chat = await uow.sessions.create(agent.id, title="héllo", key=f"key-{n}", meta={"x": "y"})
+                call = {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "find", "arguments": '{"q":1}'},
+                }
+                await uow.messages.append(
+                    chat.id,
+                    [
+                        {"role": "system", "content": "be brief"},
+                        {"role": "user", "content": "naïve ✓ 日本語\nline two", "meta": {"lang": "ja"}},
+                        {"role": "assistant", "content": "", "tool_calls": [call], "token_count": 7},
+                        {"role": "tool", "content": "found", "tool_call_id": "call_1", "name": "find"},
+                    ],
+                )
+                await uow.passages.define_model(agent.id, "half", 4, precision="float16")
+                await uow.passages.add_many(
+                    agent.id,
+                    [
+                        {"text": "fact one", "embedding": [0.1, -0.2, 0.3]},
+                        {
+                            "text": "fait deux ü",
+                            "embedding": [0.5, 0.25, -1.5, 3.1],
+                            "embedding_model": "half",
+                        },
+                    ],
+                )
+                await uow.passages.add(agent.id, "third", [1.0, 2.0, 3.0], meta={"source": "📄"})
+
+
+async def _dump(url: str) -> Dump:
+    """Every row of every table, in id order, read with plain Core selects."""
+    async with Database(url) as db, db.unit_of_work(read_only=True) as uow:
+        return {
+            table.name: [
+                dict(row._mapping)
+                for row in await uow.session.execute(sa.select(*table.c).order_by(table.c.id))
+            ]
+            for table in TABLES
+        }
+
+
+def dump(url: str) -> Dump:
+    return asyncio.run(_dump(url))
+
+
+def _execute(url: str, sql: str) -> None:
+    async def run() -> None:
+        async with Database(url) as db, db.engine.begin() as connection:
+            await connection.exec_driver_sql(sql)
+
+    asyncio.run(run())
+
+
+def _check_populated(rows: Dump) -> None:
+    """The fixture data really has what the copy must carry (so equality means something)."""
+    assert [len(rows[t.name]) for t in TABLES] == [2, 4, 2, 8, 6]
+    assert [row["next_seq"] for row in rows["sessions"]] == [5, 5]
+    assert [row["archive_version"] for row in rows["agents"]] == [2, 2]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("direction", ["sqlite-to-postgres", "postgres-to-sqlite"])
+def test_copy_moves_every_row_and_a_second_run_adds_nothing(
+    direction: str, tmp_path: Path, postgres_urls: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first, second = direction.split("-to-")
+    source = _url(first, tmp_path, postgres_urls, "source")
+    destination = _url(second, tmp_path, postgres_urls, "destination")
+    asyncio.run(_populate(source))
+    expected = dump(source)
+
+    assert main(["copy", source, destination]) == 0
+    out = capsys.readouterr().out
+    assert "copied 8 messages" in out
+    assert "verified: 22 rows in 5 tables match" in out
+    copied = dump(destination)
+    assert copied == expected
+    _check_populated(copied)
+    # float16 stays float16 (3.1 is stored as 3.099609375 on both engines, bit for bit).
+    half = [row for row in copied["archival_passages"] if row["embedding_model"] == "half"]
+    assert half[0]["embedding"] is None
+    assert half[0]["embedding_half"] == [0.5, 0.25, -1.5, 3.099609375]
+
+    assert main(["copy", source, destination]) == 0
+    out = capsys.readouterr().out
+    assert "copied 0 messages (8 already there)" in out
+    assert "verified" in out
+    assert dump(destination) == expected
+
+
+def test_copy_verification_names_the_table_that_differs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, destination = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+    asyncio.run(_populate(source))
+    assert main(["copy", source, destination]) == 0
+    assert main(["copy", "--verify-only", source, destination]) == 0
+    capsys.readouterr()
+
+    _execute(destination, "UPDATE messages SET content = 'tampered' WHERE role = 'tool'")
+    assert main(["copy", "--verify-only", source, destination]) == 1
+    err = capsys.readouterr().err
+    assert "verification failed" in err
+    assert "messages: the same 8 rows, but their ids or contents differ" in err
+    assert "agents" not in err
+    # A re-run skips the rows already there, so it cannot hide the difference either.
+    assert main(["copy", source, destination]) == 1
+    assert "messages:" in capsys.readouterr().err
+
+    _execute(destination, "UPDATE messages SET content = 'found' WHERE role = 'tool'")
+    _execute(
+        destination,
+        "INSERT INTO agents (id, created_at, updated_at, meta, name, system, core_memory, llm_config, "
+        "version, archive_version) VALUES ('ffffffffffff7fff8fffffffffffffff', '2030-01-01 00:00:00.000000', "
+        "'2030-01-01 00:00:00.000000', '{}', 'extra', '', '{}', '{}', 1, 0)",
+    )
+    assert main(["copy", "--verify-only", source, destination]) == 1
+    err = capsys.readouterr().err
+    assert "agents: 2 rows in the source, 3 in the destination" in err
+    assert "messages" not in err
+
+
+@pytest.mark.parametrize("engine", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_export_then_import_round_trips_every_row(
+    engine: str, tmp_path: Path, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
+) -> None:
+    urls = request.getfixturevalue("postgres_urls") if engine == "postgres" else None
+    source = _url(engine, tmp_path, urls, "source")
+    destination = _url(engine, tmp_path, urls, "destination")
+    asyncio.run(_populate(source))
+    file = tmp_path / "memory.jsonl"
+
+    assert main(["export", source, str(file)]) == 0
+    assert "exported 8 messages" in capsys.readouterr().out
+    lines = file.read_text(encoding="utf-8").splitlines()
+    header = json.loads(lines[0])
+    assert header == {
+        "memorm": __version__,
+        "revision": head_revision(),
+        "tables": {"agents": 2, "embedding_models": 4, "sessions": 2, "messages": 8, "archival_passages": 6},
+    }
+    first = json.loads(lines[1])
+    assert first["table"] == "agents"
+    assert first["row"]["name"] == "agent-0"
+    assert uuid.UUID(first["row"]["id"])
+    assert first["row"]["created_at"].endswith("+00:00")
+    assert json.loads(lines[-1]) == {"end": True, "tables": header["tables"]}
+
+    assert main(["db", "upgrade", "--url", destination]) == 0
+    assert main(["import", destination, str(file)]) == 0
+    assert "imported 8 messages" in capsys.readouterr().out
+    assert dump(destination) == dump(source)
+    assert main(["import", destination, str(file)]) == 0
+    assert "imported 0 messages (8 already there)" in capsys.readouterr().out
+    _check_populated(dump(destination))
+
+
+def test_gzip_exports_round_trip(tmp_path: Path) -> None:
+    source, destination = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+    asyncio.run(_populate(source))
+    file = tmp_path / "memory.jsonl.gz"
+    assert main(["export", "--batch-size", "3", source, str(file)]) == 0
+    with gzip.open(file, "rt", encoding="utf-8") as lines:
+        assert json.loads(lines.readline())["tables"]["messages"] == 8
+    assert main(["db", "upgrade", "--url", destination]) == 0
+    assert main(["import", "--batch-size", "3", destination, str(file)]) == 0
+    assert dump(destination) == dump(source)
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("memorm: error: "), err
+    assert err.count("\n") == 1, err
+    return err
+
+
+def test_import_refuses_a_file_from_a_newer_schema(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    destination = f"sqlite:///{tmp_path / 'b.db'}"
+    assert main(["db", "upgrade", "--url", destination]) == 0
+    file = tmp_path / "future.jsonl"
+    row = {"table": "agents", "row": {"name": "from-the-future"}}
+    header = {"memorm": "9.0.0", "revision": "0099_future", "tables": {"agents": 1}}
+    file.write_text(f"{json.dumps(header)}\n{json.dumps(row)}\n", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["import", destination, str(file)]) == 1
+    err = _one_line_error(capsys)
+    assert "'0099_future'" in err
+    assert "upgrade memorm" in err
+    assert dump(destination)["agents"] == []
+
+
+def test_import_refuses_a_destination_below_head_and_a_truncated_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, destination = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+    asyncio.run(_populate(source))
+    file = tmp_path / "memory.jsonl"
+    assert main(["export", source, str(file)]) == 0
+    capsys.readouterr()
+    assert main(["import", destination, str(file)]) == 1
+    assert "memorm db upgrade" in _one_line_error(capsys)
+
+    assert main(["db", "upgrade", "--url", destination]) == 0
+    truncated = tmp_path / "truncated.jsonl"
+    truncated.write_text("".join(file.read_text(encoding="utf-8").splitlines(keepends=True)[:-1]))
+    capsys.readouterr()
+    assert main(["import", destination, str(truncated)]) == 1
+    assert "ends early" in _one_line_error(capsys)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["copy", "nosuch://x", "sqlite:///{tmp}/b.db"],
+        ["copy", "sqlite:///{tmp}/a.db", "mysql://root@localhost/x"],
+        ["export", "not a url", "{tmp}/out.jsonl"],
+        ["import", "oracle://x", "{tmp}/in.jsonl"],
+    ],
+)
+def test_bad_urls_fail_with_one_line(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([arg.format(tmp=tmp_path) for arg in argv]) == 1
+    err = _one_line_error(capsys)
+    assert "database" in err or "URL" in err
+
+
+async def _many_messages(url: str, count: int) -> None:
+    async with Database(url) as db:
+        await db.upgrade()
+        async with db.unit_of_work() as uow:
+            agent = await uow.agents.create("busy")
+            chat = await uow.sessions.create(agent.id)
+            for start in range(0, count, 5_000):
+                await uow.messages.append(
+                    chat.id,
+                    [{"role": "user", "content": f"message {n}"} for n in range(start, start + 5_000)],
+                )
+
+
+@pytest.mark.postgres
+def test_copy_of_20000_messages_runs_in_batches_quickly(
+    tmp_path: Path, postgres_urls: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, destination = f"sqlite:///{tmp_path / 'a.db'}", postgres_urls.new()
+    asyncio.run(_many_messages(source, 20_000))
+    started = time.perf_counter()
+    assert main(["copy", "--batch-size", "3000", source, destination]) == 0
+    elapsed = time.perf_counter() - started
+    assert "copied 20,000 messages" in capsys.readouterr().out
+    assert elapsed < 15, f"copying 20,000 messages took {elapsed:.1f} s"
+    rows = dump(destination)["messages"]
+    assert [row["seq"] for row in rows] == list(range(1, 20_001))
