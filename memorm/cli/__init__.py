@@ -16,6 +16,8 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 
+from alembic.util import CommandError
+
 from memorm.errors import MemormError
 
 __all__ = ["main"]
@@ -37,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         result = asyncio.run(args.handler(args))
-    except (MemormError, OSError) as error:
+    except (MemormError, OSError, CommandError) as error:  # alembic's: an unknown revision, say
         if args.debug:
             raise
         print(f"memorm: error: {error}", file=sys.stderr)
