@@ -15,52 +15,29 @@ between blocks, never inside one.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
-from datetime import date, datetime
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.sql import ColumnElement
 
 from memorm.driver import fetch, insert_rows
-from memorm.errors import NotFoundError, ValidationError
-from memorm.models import AGENTS, MESSAGES, SESSIONS, Message, hydrate
-from memorm.page import Page
-from memorm.repositories.base import Repository
+from memorm.errors import NotFoundError
+from memorm.models import MESSAGES, SESSIONS, Message, hydrate
 from memorm.repositories.message_input import (
     MessageInput,
-    as_instant,
     check_batch,
     check_int,
     check_message,
-    check_roles,
 )
-from memorm.search.fts_ddl import MESSAGES_FTS
-from memorm.search.text import search_page
+from memorm.repositories.message_queries import _COLUMNS, MessageQueries
 from memorm.tokens import TokenCounter, estimate_tokens
 from memorm.translate import check_writable, guarded
 from memorm.types import utcnow
-from memorm.validation import as_uuid, check_limit, check_text
+from memorm.validation import as_uuid, check_text
 
 __all__ = ["MessageRepository"]
 
-_COLUMNS = tuple(column.name for column in MESSAGES.columns)
-SEQ_MAX = 2**31 - 1  # seq is a 32-bit integer
-SEQ_MIN = -(2**31)
-_WINDOW_BACK = (  # the newest `limit` messages up to seq `bound`, newest first
-    sa.select(*MESSAGES.c)
-    .where(MESSAGES.c.session_id == sa.bindparam("session_id"), MESSAGES.c.seq <= sa.bindparam("bound"))
-    .order_by(MESSAGES.c.seq.desc())
-    .limit(sa.bindparam("limit"))
-)
-_WINDOW_FORWARD = (  # the oldest `limit` messages from seq `bound` on
-    sa.select(*MESSAGES.c)
-    .where(MESSAGES.c.session_id == sa.bindparam("session_id"), MESSAGES.c.seq >= sa.bindparam("bound"))
-    .order_by(MESSAGES.c.seq)
-    .limit(sa.bindparam("limit"))
-)
-_FIRST_SCAN = 256  # context(): rows whose tokens are summed first (~25k tokens of chat)
 _ALLOCATE = (
     sa.update(SESSIONS)
     .where(SESSIONS.c.id == sa.bindparam("session_id"))
@@ -69,7 +46,7 @@ _ALLOCATE = (
 )
 
 
-class MessageRepository(Repository):
+class MessageRepository(MessageQueries):
     """Messages of a session, ordered by ``seq``."""
 
     def __init__(self, session: AsyncSession, *, token_counter: TokenCounter = estimate_tokens) -> None:
@@ -246,241 +223,7 @@ class MessageRepository(Repository):
         await self.delete_after(key, newest[0].seq - 1)
         return newest[0]
 
-    # -- reading ------------------------------------------------------------
-
-    async def get(self, message_id: uuid.UUID | str) -> Message:
-        """The message with this id; ``NotFoundError`` if there is none."""
-        key = as_uuid(message_id, "message_id")
-        found = await self._select(MESSAGES.c.id == key)
-        if not found:
-            raise NotFoundError(f"no message {key}")
-        return found[0]
-
-    async def window(
-        self,
-        session_id: uuid.UUID | str,
-        *,
-        limit: int = 50,
-        before_seq: int | None = None,
-        after_seq: int | None = None,
-        roles: Iterable[str] | None = None,
-    ) -> list[Message]:
-        """Up to ``limit`` messages, oldest first.
-
-        With neither cursor: the newest ``limit``.  ``before_seq``: the last
-        ``limit`` before it (paging back).  ``after_seq``: the first ``limit``
-        after it (paging forward).  ``roles`` keeps only those roles.
-        """
-        key = as_uuid(session_id, "session_id")
-        check_limit(limit)
-        wanted = check_roles(roles)
-        if before_seq is not None and after_seq is not None:
-            raise ValidationError("window: give before_seq or after_seq, not both")
-        forward = after_seq is not None
-        if forward:
-            bound = check_int(after_seq, "after_seq") + 1
-        else:
-            bound = SEQ_MAX if before_seq is None else check_int(before_seq, "before_seq") - 1
-        if wanted is None:  # the hot path: a precompiled statement, straight to the driver
-            statement = _WINDOW_FORWARD if forward else _WINDOW_BACK
-            async with guarded(self.session):
-                found = await fetch(
-                    self.session, statement, {"session_id": key, "bound": bound, "limit": limit}
-                )
-            rows = [hydrate(Message, dict(zip(_COLUMNS, row, strict=True))) for row in found]
-        else:
-            where = [MESSAGES.c.session_id == key, MESSAGES.c.role.in_(wanted)]
-            if forward:
-                rows = await self._select(*where, MESSAGES.c.seq >= bound, order=MESSAGES.c.seq, limit=limit)
-            else:
-                rows = await self._select(
-                    *where, MESSAGES.c.seq <= bound, order=MESSAGES.c.seq.desc(), limit=limit
-                )
-        if not forward:
-            rows.reverse()
-        if not rows:
-            await self._require_session(key)
-        return rows
-
-    async def context(
-        self, session_id: uuid.UUID | str, *, max_tokens: int, pinned_system: bool = True
-    ) -> list[Message]:
-        """The messages to send a model: the system message plus the newest that fit ``max_tokens``.
-
-        Chronological.  The system message's tokens count against the budget
-        (with ``pinned_system=False`` it is an ordinary message).  The window
-        never starts with a ``tool`` answer whose call was cut off.  The cut is
-        found in SQL (a running sum of ``token_count``); only the kept rows are read.
-        """
-        key = as_uuid(session_id, "session_id")
-        budget = check_int(max_tokens, "max_tokens", minimum=1)
-        system: Message | None = None
-        where: list[ColumnElement[bool]] = [MESSAGES.c.session_id == key]
-        head = await self._fetch_window(key, forward=True, bound=SEQ_MIN, limit=1)
-        if not head:
-            await self._require_session(key)
-            return []
-        if pinned_system and head[0].role == "system":
-            system = head[0]
-            budget -= system.token_count or 0
-            where.append(MESSAGES.c.seq > system.seq)
-        if budget <= 0:
-            return [system] if system is not None else []
-        span = await self._budget_span(where, budget)
-        if span is None:
-            return [system] if system is not None else []
-        first, last, rows = span
-        # Bounded on both sides: rows appended meanwhile must not stretch the budget.
-        fetched = await self._fetch_window(key, forward=True, bound=first, limit=rows)
-        body = [message for message in fetched if message.seq <= last]
-        while body and body[0].role == "tool":  # an answer whose call did not fit
-            body.pop(0)
-        return [system, *body] if system is not None else body
-
-    async def _fetch_window(self, key: uuid.UUID, *, forward: bool, bound: int, limit: int) -> list[Message]:
-        """Messages from ``bound`` on (``forward``) or up to it, ``limit`` of them, in scan order."""
-        statement = _WINDOW_FORWARD if forward else _WINDOW_BACK
-        async with guarded(self.session):
-            found = await fetch(self.session, statement, {"session_id": key, "bound": bound, "limit": limit})
-        return [hydrate(Message, dict(zip(_COLUMNS, row, strict=True))) for row in found]
-
-    async def _budget_span(
-        self, where: list[ColumnElement[bool]], budget: int
-    ) -> tuple[int, int, int] | None:
-        """``(first seq, last seq, rows)`` of the newest messages that fit in ``budget`` tokens, if any.
-
-        The running total is a window function over the newest rows, so one
-        row crosses the wire, whatever the history's length.  The scan starts
-        with the newest :data:`_FIRST_SCAN` rows and doubles while every row it
-        read still fitted.
-        """
-        tokens = sa.func.coalesce(MESSAGES.c.token_count, sa.func.length(MESSAGES.c.content) / 4 + 4)
-        cap = min(budget + 1, _FIRST_SCAN)
-        while True:
-            newest = (
-                sa.select(MESSAGES.c.seq.label("seq"), tokens.label("tokens"))
-                .where(*where)
-                .order_by(MESSAGES.c.seq.desc())
-                .limit(cap)
-                .subquery()
-            )
-            running = sa.select(
-                newest.c.seq,
-                sa.func.sum(newest.c.tokens).over(order_by=newest.c.seq.desc()).label("running"),
-            ).subquery()
-            fitted = (
-                await self._execute(
-                    sa.select(sa.func.min(running.c.seq), sa.func.max(running.c.seq), sa.func.count()).where(
-                        running.c.running <= budget
-                    )
-                )
-            ).one()
-            first, last, fitting = tuple(fitted)
-            if fitting < cap:  # the budget ran out (or the history did) inside the cap
-                return None if fitting == 0 else (int(first), int(last), int(fitting))
-            cap *= 2
-
-    async def count(self, session_id: uuid.UUID | str, *, roles: Iterable[str] | None = None) -> int:
-        """How many messages the session holds (of these roles, if given)."""
-        key = as_uuid(session_id, "session_id")
-        wanted = check_roles(roles)
-        query = sa.select(sa.func.count()).where(MESSAGES.c.session_id == key)
-        if wanted is not None:
-            query = query.where(MESSAGES.c.role.in_(wanted))
-        total = int(await self._scalar(query) or 0)
-        if not total:
-            await self._require_session(key)
-        return total
-
-    async def search(
-        self,
-        agent_id: uuid.UUID | str,
-        query: str,
-        *,
-        session_id: uuid.UUID | str | None = None,
-        roles: Iterable[str] | None = None,
-        limit: int = 10,
-        offset: int = 0,
-    ) -> Page[Message]:
-        """Full-text search of the agent's messages (all words must match).
-
-        Ordered by relevance, then newest first, then id; ``total`` counts every
-        match.  Any string is safe: FTS operators and SQL are searched as words.
-        """
-        text = check_text(query, "query") or ""
-        where = await self._scope(agent_id, session_id, roles)
-        return await search_page(
-            self.session, MESSAGES_FTS, text, entity=Message, where=where, limit=limit, offset=offset
-        )
-
-    async def between(
-        self,
-        agent_id: uuid.UUID | str,
-        start: datetime | date,
-        end: datetime | date,
-        *,
-        session_id: uuid.UUID | str | None = None,
-        roles: Iterable[str] | None = None,
-        limit: int = 50,
-        offset: int = 0,
-    ) -> Page[Message]:
-        """The agent's messages created from ``start`` to ``end``, chronological.
-
-        Datetimes are inclusive bounds; a date ``end`` includes that whole day (UTC).
-        """
-        lower, _ = as_instant(start, "start", end=False)
-        upper, inclusive = as_instant(end, "end", end=True)
-        where = await self._scope(agent_id, session_id, roles)
-        where.append(MESSAGES.c.created_at >= lower)
-        where.append(MESSAGES.c.created_at <= upper if inclusive else MESSAGES.c.created_at < upper)
-        query = (
-            sa.select(Message)
-            .where(*where)
-            .order_by(MESSAGES.c.created_at, MESSAGES.c.id)
-            .execution_options(populate_existing=True)
-        )
-        return await self._page(query, limit=limit, offset=offset)
-
     # -- helpers ------------------------------------------------------------
-
-    async def _scope(
-        self,
-        agent_id: uuid.UUID | str,
-        session_id: uuid.UUID | str | None,
-        roles: Iterable[str] | None,
-    ) -> list[ColumnElement[bool]]:
-        """Filters for one agent (and one of its sessions); NotFoundError for unknown ids."""
-        agent = as_uuid(agent_id, "agent_id")
-        wanted = check_roles(roles)
-        where: list[ColumnElement[bool]] = [MESSAGES.c.agent_id == agent]
-        if session_id is not None:
-            chat = as_uuid(session_id, "session_id")
-            owner = await self._scalar(sa.select(SESSIONS.c.agent_id).where(SESSIONS.c.id == chat))
-            if owner != agent:
-                raise NotFoundError(f"no session {chat} for agent {agent}")
-            where.append(MESSAGES.c.session_id == chat)
-        elif await self._scalar(sa.select(AGENTS.c.id).where(AGENTS.c.id == agent)) is None:
-            raise NotFoundError(f"no agent {agent}")
-        if wanted is not None:
-            where.append(MESSAGES.c.role.in_(wanted))
-        return where
-
-    async def _select(
-        self, *where: ColumnElement[bool], order: Any = None, limit: int | None = None
-    ) -> list[Message]:
-        """Messages matching ``where``, read with Core and built with :func:`hydrate`.
-
-        Several times cheaper per row than an ORM query, and never stale: the
-        identity map is bypassed (Core UPDATEs, such as prepend moving the
-        system message, would otherwise leave it holding old values).
-        """
-        query = sa.select(*MESSAGES.c).where(*where)
-        if order is not None:
-            query = query.order_by(order)
-        if limit is not None:
-            query = query.limit(limit)
-        result = await self._execute(query)
-        return [hydrate(Message, dict(zip(_COLUMNS, row, strict=True))) for row in result]
 
     async def _allocate(self, key: uuid.UUID, count: int) -> tuple[uuid.UUID, int]:
         """Take ``count`` numbers from the session's counter; returns (agent_id, new next_seq).
@@ -540,7 +283,3 @@ class MessageRepository(Repository):
                 stored.append(hydrate(Message, row))
         await insert_rows(self.session, MESSAGES, _COLUMNS, [[row[c] for c in _COLUMNS] for row in rows])
         return stored
-
-    async def _require_session(self, key: uuid.UUID) -> None:
-        if await self._scalar(sa.select(SESSIONS.c.id).where(SESSIONS.c.id == key)) is None:
-            raise NotFoundError(f"no session {key}")

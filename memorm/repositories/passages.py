@@ -16,70 +16,34 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.sql import ColumnElement
 
 from memorm.driver import insert_rows
 from memorm.errors import ConflictError, NotFoundError, ValidationError
 from memorm.ids import uuid7
-from memorm.models import AGENTS, EMBEDDING_MODELS, PASSAGES, ArchivalPassage, EmbeddingModel, hydrate
-from memorm.page import Page
-from memorm.repositories.base import Repository
-from memorm.search.filters import Filter, compile_filter
-from memorm.search.fts_ddl import PASSAGES_FTS
-from memorm.search.text import search_page
+from memorm.models import AGENTS, PASSAGES, ArchivalPassage, EmbeddingModel, hydrate
+from memorm.repositories.passage_queries import (
+    _COLUMNS,
+    _ITEM_FIELDS,
+    _PRECISIONS,
+    PassageInput,
+    PassageQueries,
+    _check_half,
+    _check_model_name,
+)
+from memorm.search.filters import Filter
 from memorm.search.vector import (
     ARCHIVE_WRITES,
-    ScoredPassage,
-    VectorCache,
     check_metric,
     ensure_index,
-    nearest,
-    score_of,
 )
 from memorm.types import utcnow
-from memorm.types.vector import pack_float16, unpack_float16
-from memorm.validation import as_uuid, check_json_object, check_limit, check_text, check_vector
+from memorm.validation import as_uuid, check_json_object, check_text, check_vector
 
 __all__ = ["PassageRepository"]
 
-_COLUMNS = tuple(column.name for column in PASSAGES.columns)
-_PRECISIONS = ("float32", "float16")
-_ITEM_FIELDS = frozenset(("text", "embedding", "meta", "embedding_model", "id", "created_at"))
-RRF_K = 60  # reciprocal rank fusion's damping constant (Cormack et al.)
 
-PassageInput = ArchivalPassage | Mapping[str, Any]
-
-
-def _check_model_name(name: object) -> str:
-    model = check_text(name, "embedding_model") or ""
-    if not model.strip():
-        raise ValidationError("embedding_model: must not be blank")
-    return model
-
-
-FLOAT16_MAX = 65504.0
-
-
-def _check_half(vectors: Iterable[Sequence[float]]) -> None:
-    """Values a float16 model can store (larger ones would become infinity)."""
-    for vector in vectors:
-        if max(map(abs, vector), default=0.0) > FLOAT16_MAX:
-            raise ValidationError(f"embedding: a float16 model stores values up to {FLOAT16_MAX:g}")
-
-
-def _check_k(k: object, field: str = "k") -> int:
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 1000:
-        raise ValidationError(f"{field}: expected an integer from 1 to 1000, got {k!r}")
-    return k
-
-
-class PassageRepository(Repository):
+class PassageRepository(PassageQueries):
     """Archival passages of an agent: storage, vector, text and hybrid search."""
-
-    def __init__(self, session: Any, *, cache: VectorCache | None = None) -> None:
-        super().__init__(session)
-        self.cache = cache if cache is not None else VectorCache()
-        self._models: dict[tuple[uuid.UUID, str], EmbeddingModel] = {}
 
     # -- models -------------------------------------------------------------
 
@@ -108,32 +72,6 @@ class PassageRepository(Repository):
                 f"not {dim}-d {precision}"
             )
         return found
-
-    async def get_model(self, agent_id: uuid.UUID | str, name: str) -> EmbeddingModel:
-        """One of the agent's models; ``NotFoundError`` if it has none of that name."""
-        key = as_uuid(agent_id, "agent_id")
-        model = _check_model_name(name)
-        found = await self._lookup(key, model)
-        if found is None:
-            raise NotFoundError(f"agent {key} has no embedding model {model!r}")
-        return found
-
-    async def _lookup(self, agent_id: uuid.UUID, name: str) -> EmbeddingModel | None:
-        cached = self._models.get((agent_id, name))
-        if cached is not None:
-            return cached
-        row = (
-            await self._execute(
-                sa.select(*EMBEDDING_MODELS.c).where(
-                    EMBEDDING_MODELS.c.agent_id == agent_id, EMBEDDING_MODELS.c.name == name
-                )
-            )
-        ).first()
-        if row is None:
-            return None
-        model = hydrate(EmbeddingModel, dict(row._mapping))
-        self._models[(agent_id, name)] = model
-        return model
 
     async def _model(
         self, agent_id: uuid.UUID, name: str, dim: int, *, precision: str = "float32", check_dim: bool = True
@@ -329,173 +267,6 @@ class PassageRepository(Repository):
             raise NotFoundError(f"no agent {key}")
         self.session.info.setdefault(ARCHIVE_WRITES, set()).add(key)
 
-    # -- reading ------------------------------------------------------------
-
-    async def get(self, passage_id: uuid.UUID | str) -> ArchivalPassage:
-        """The passage with this id; ``NotFoundError`` if there is none."""
-        key = as_uuid(passage_id, "passage_id")
-        found = await self._load([key])
-        if not found:
-            raise NotFoundError(f"no passage {key}")
-        return found[key]
-
-    async def get_many(self, ids: Iterable[uuid.UUID | str]) -> builtins.list[ArchivalPassage]:
-        """The passages with these ids, in the order given; unknown ids are left out."""
-        wanted = [as_uuid(passage_id, "ids[]") for passage_id in ids]
-        found: dict[uuid.UUID, ArchivalPassage] = {}
-        for first in range(0, len(wanted), 1000):  # bounded IN lists
-            found.update(await self._load(wanted[first : first + 1000]))
-        return [found[passage_id] for passage_id in wanted if passage_id in found]
-
-    async def count(self, agent_id: uuid.UUID | str, *, embedding_model: str | None = None) -> int:
-        """How many passages the agent has (of one model, if given)."""
-        key = as_uuid(agent_id, "agent_id")
-        query = sa.select(sa.func.count()).where(PASSAGES.c.agent_id == key)
-        if embedding_model is not None:
-            query = query.where(PASSAGES.c.embedding_model == _check_model_name(embedding_model))
-        return int(await self._scalar(query) or 0)
-
-    async def list(
-        self, agent_id: uuid.UUID | str, *, limit: int = 50, offset: int = 0
-    ) -> Page[ArchivalPassage]:
-        """The agent's passages, oldest first."""
-        key = as_uuid(agent_id, "agent_id")
-        query = (
-            sa.select(ArchivalPassage)
-            .where(PASSAGES.c.agent_id == key)
-            .order_by(PASSAGES.c.created_at, PASSAGES.c.id)
-            .execution_options(populate_existing=True)
-        )
-        return await self._page(query, limit=limit, offset=offset)
-
-    async def search(
-        self,
-        agent_id: uuid.UUID | str,
-        embedding: Sequence[float],
-        *,
-        k: int = 10,
-        embedding_model: str = "default",
-        metric: str = "cosine",
-        where: Filter | None = None,
-        offset: int = 0,
-        ef_search: int | None = None,
-    ) -> builtins.list[ScoredPassage]:
-        """The ``k`` passages nearest ``embedding``, best first (ties by id).
-
-        Only passages of ``embedding_model`` are compared.  ``where`` filters on
-        ``meta`` and ``created_at`` in SQL, before the limit, so a filtered
-        search still returns ``k`` hits when ``k`` exist.  On Postgres an HNSW
-        index (:meth:`ensure_index`) is used when it exists, with ``ef_search``
-        candidates per query (pgvector's default is 40).
-        """
-        key = as_uuid(agent_id, "agent_id")
-        vector = check_vector(embedding)
-        check_limit(_check_k(k), offset)
-        chosen = check_metric(metric)
-        if ef_search is not None and (
-            isinstance(ef_search, bool) or not isinstance(ef_search, int) or not 1 <= ef_search <= 1000
-        ):
-            raise ValidationError(f"ef_search: expected an integer from 1 to 1000, got {ef_search!r}")
-        if chosen == "cosine" and not any(vector):
-            raise ValidationError("embedding: a zero vector has no direction for cosine distance")
-        conditions = await self._filters(where)
-        model = await self._lookup(key, _check_model_name(embedding_model))
-        if model is None:
-            await self._require_agent(key)
-            return []
-        if model.dim != len(vector):
-            raise ValidationError(
-                f"embedding: model {model.name!r} stores {model.dim}-d vectors, got {len(vector)}"
-            )
-        if model.precision == "float16":
-            # Compare as the vectors are stored: Postgres casts the query to
-            # halfvec, so SQLite rounds it the same way.
-            _check_half([vector])
-            vector = unpack_float16(pack_float16(vector))
-        async with self._guard():
-            hits = await nearest(
-                self.session,
-                self.cache,
-                key,
-                model,
-                vector,
-                metric=chosen,
-                where=conditions,
-                k=k,
-                offset=offset,
-                ef_search=ef_search,
-            )
-        if not hits:
-            await self._require_agent(key)
-        passages = await self._load([passage_id for passage_id, _ in hits])
-        return [
-            ScoredPassage(passages[passage_id], distance, score_of(chosen, distance))
-            for passage_id, distance in hits
-            if passage_id in passages
-        ]
-
-    async def search_text(
-        self, agent_id: uuid.UUID | str, query: str, *, limit: int = 10, offset: int = 0
-    ) -> Page[ArchivalPassage]:
-        """Full-text search of the agent's passages, with the same rules as message search."""
-        key = as_uuid(agent_id, "agent_id")
-        text = check_text(query, "query") or ""
-        await self._require_agent(key)
-        return await search_page(
-            self.session,
-            PASSAGES_FTS,
-            text,
-            entity=ArchivalPassage,
-            where=[PASSAGES.c.agent_id == key],
-            limit=limit,
-            offset=offset,
-        )
-
-    async def hybrid_search(
-        self,
-        agent_id: uuid.UUID | str,
-        query: str,
-        embedding: Sequence[float],
-        *,
-        k: int = 10,
-        embedding_model: str = "default",
-        metric: str = "cosine",
-        where: Filter | None = None,
-        candidates: int | None = None,
-    ) -> builtins.list[ScoredPassage]:
-        """Text and vector search fused by reciprocal rank (score = sum of 1 / (60 + rank)).
-
-        Each side contributes its best ``candidates`` (default ``4 * k``, at
-        most 1000); ``distance`` is the vector distance, or None for passages
-        only the text search found.
-        """
-        _check_k(k)
-        pool = _check_k(candidates if candidates is not None else min(1000, 4 * k), "candidates")
-        vector_hits = await self.search(
-            agent_id, embedding, k=pool, embedding_model=embedding_model, metric=metric, where=where
-        )
-        # The text side gets the same scope in SQL, before its limit: model and filters.
-        key = as_uuid(agent_id, "agent_id")
-        text = check_text(query, "query") or ""
-        scope = [
-            PASSAGES.c.agent_id == key,
-            PASSAGES.c.embedding_model == _check_model_name(embedding_model),
-            *await self._filters(where),
-        ]
-        text_hits = await search_page(
-            self.session, PASSAGES_FTS, text, entity=ArchivalPassage, where=scope, limit=pool, offset=0
-        )
-        distance = {hit.passage.id: hit.distance for hit in vector_hits}
-        found = {hit.passage.id: hit.passage for hit in vector_hits}
-        fused: dict[uuid.UUID, float] = {}
-        for rank, hit in enumerate(vector_hits, start=1):
-            fused[hit.passage.id] = fused.get(hit.passage.id, 0.0) + 1.0 / (RRF_K + rank)
-        for rank, passage in enumerate(text_hits.items, start=1):
-            found.setdefault(passage.id, passage)
-            fused[passage.id] = fused.get(passage.id, 0.0) + 1.0 / (RRF_K + rank)
-        ranked = sorted(fused.items(), key=lambda pair: (-pair[1], pair[0]))[:k]
-        return [ScoredPassage(found[i], distance.get(i), score) for i, score in ranked]
-
     async def ensure_index(
         self,
         embedding_model: str,
@@ -524,24 +295,3 @@ class PassageRepository(Repository):
             return await ensure_index(
                 self.session, shape, check_metric(metric), m=m, ef_construction=ef_construction
             )
-
-    # -- helpers ------------------------------------------------------------
-
-    def _guard(self) -> Any:
-        from memorm.translate import guarded
-
-        return guarded(self.session)
-
-    async def _filters(self, where: Filter | None) -> builtins.list[ColumnElement[bool]]:
-        dialect = (await self.session.connection()).dialect.name
-        return compile_filter(dialect, PASSAGES, where)
-
-    async def _require_agent(self, key: uuid.UUID) -> None:
-        if await self._scalar(sa.select(AGENTS.c.id).where(AGENTS.c.id == key)) is None:
-            raise NotFoundError(f"no agent {key}")
-
-    async def _load(self, ids: builtins.list[uuid.UUID]) -> dict[uuid.UUID, ArchivalPassage]:
-        if not ids:
-            return {}
-        rows = await self._execute(sa.select(*PASSAGES.c).where(PASSAGES.c.id.in_(ids)))
-        return {row.id: hydrate(ArchivalPassage, dict(row._mapping)) for row in rows}
