@@ -31,6 +31,13 @@ def tests(session: nox.Session, engine: str) -> None:
 
 
 @nox.session
+def reliability(session: nox.Session) -> None:
+    """The load, fault and hostile-input suite, both engines."""
+    install(session, "test")
+    session.run("pytest", "tests/reliability", "-m", "reliability", *session.posargs)
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     """ruff (lint and format) and mypy --strict on memorm/."""
     install(session, "lint", "test")  # mypy needs the frameworks the adapters import
