@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,3 +165,40 @@ async def count_rows(db: Database, table: str, **where: uuid.UUID) -> int:
     )
     async with db.unit_of_work(read_only=True) as uow:
         return int((await uow.session.execute(statement)).scalar_one())
+
+
+# -- plain URLs: for code that takes a URL, not a Database (the CLI, docs, apps) ---
+
+
+async def admin_execute(sql: str) -> None:
+    """Run one statement on the Postgres server as the test user (CREATE/DROP DATABASE…)."""
+    connection = await asyncpg.connect(asyncpg_dsn())
+    try:
+        await connection.execute(sql)
+    finally:
+        await connection.close()
+
+
+@contextmanager
+def throwaway_postgres(prefix: str = "memorm_t") -> Iterator[str]:
+    """The URL of a new, empty Postgres database, dropped afterwards.
+
+    A URL cannot carry a search_path, so code that opens its own Database from
+    a URL gets a database of its own instead of a schema.
+    """
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    asyncio.run(admin_execute(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        asyncio.run(admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def plain_url(engine: str, tmp_path: Path) -> Iterator[str]:
+    """An empty database's URL on each engine: a SQLite file, or a throwaway Postgres database."""
+    if engine == "sqlite":
+        yield f"sqlite:///{tmp_path / 'plain.db'}"
+        return
+    with throwaway_postgres() as url:
+        yield url

@@ -10,22 +10,18 @@ from __future__ import annotations
 import asyncio
 import re
 import shutil
-import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
-import asyncpg
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import make_url
 
 from memorm import Database
 from memorm.cli import main
 from memorm.embeddings import HashingEmbedder
 from memorm.legacy.memgpt import SESSION_KEY
-from tests.conftest import ENGINES, POSTGRES_URL, REQUIRE_POSTGRES, asyncpg_dsn, postgres_unavailable
 
 SAMPLE = Path(__file__).resolve().parent / "data" / "memgpt"
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,33 +32,12 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coroutine)
 
 
-async def _admin(sql: str) -> None:
-    connection = await asyncpg.connect(asyncpg_dsn())
-    try:
-        await connection.execute(sql)
-    finally:
-        await connection.close()
-
-
-@pytest.fixture(params=ENGINES)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """An empty database: a SQLite file that exists, or a new Postgres database."""
-    if request.param == "sqlite":
-        path = tmp_path / "memorm.db"
-        path.touch()
-        yield f"sqlite:///{path}"
-        return
-    reason = postgres_unavailable()
-    if reason is not None:
-        if REQUIRE_POSTGRES:
-            pytest.fail(reason)
-        pytest.skip(reason)
-    name = f"memorm_cli_{uuid.uuid4().hex[:12]}"
-    run(_admin(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
-    finally:
-        run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+@pytest.fixture
+def url(plain_url: str) -> str:
+    """An empty database that exists (check and stats refuse a SQLite file that does not)."""
+    if plain_url.startswith("sqlite:///"):
+        Path(plain_url.removeprefix("sqlite:///")).touch()
+    return plain_url
 
 
 def memorm(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

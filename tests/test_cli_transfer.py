@@ -14,29 +14,20 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import make_url
 
 from memorm import Database, __version__
 from memorm.cli import main
 from memorm.migrate import head_revision
 from memorm.transfer import TABLES
-from tests.conftest import POSTGRES_URL, REQUIRE_POSTGRES, asyncpg_dsn, postgres_unavailable
+from tests.conftest import REQUIRE_POSTGRES, postgres_unavailable, throwaway_postgres
 
 Dump = dict[str, list[dict[str, Any]]]
-
-
-async def _admin(sql: str) -> None:
-    connection = await asyncpg.connect(asyncpg_dsn())
-    try:
-        await connection.execute(sql)
-    finally:
-        await connection.close()
 
 
 @pytest.fixture
@@ -47,20 +38,13 @@ def postgres_urls() -> Iterator[Any]:
         if REQUIRE_POSTGRES:
             pytest.fail(reason)
         pytest.skip(reason)
-    names: list[str] = []
+    with ExitStack() as stack:
 
-    class Urls:
-        def new(self) -> str:
-            name = f"memorm_transfer_{uuid.uuid4().hex[:12]}"
-            asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
-            names.append(name)
-            return make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
+        class Urls:
+            def new(self) -> str:
+                return stack.enter_context(throwaway_postgres("memorm_transfer"))
 
-    try:
         yield Urls()
-    finally:
-        for name in names:
-            asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 def _url(engine: str, tmp_path: Path, postgres_urls: Any, name: str) -> str:

@@ -6,16 +6,10 @@ search_path), so on Postgres each test gets a throwaway database.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
-import asyncpg
 import pytest
-from sqlalchemy.engine import make_url
-
-from tests.conftest import POSTGRES_URL, asyncpg_dsn
 
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
@@ -25,30 +19,11 @@ from examples.fastapi_server import app  # noqa: E402  (after the skips)
 pytestmark = pytest.mark.anyio
 
 
-async def _admin(sql: str) -> None:
-    connection = await asyncpg.connect(asyncpg_dsn())
-    try:
-        await connection.execute(sql)
-    finally:
-        await connection.close()
-
-
 @pytest.fixture
-def database_url(engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The app's database: a SQLite file, or a throwaway Postgres database."""
-    if engine == "sqlite":
-        url = f"sqlite:///{tmp_path / 'server.db'}"
-        monkeypatch.setenv("MEMORM_DATABASE_URL", url)
-        yield url
-        return
-    name = f"memorm_server_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
-    try:
-        url = make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
-        monkeypatch.setenv("MEMORM_DATABASE_URL", url)
-        yield url
-    finally:
-        asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+def database_url(plain_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The app's database (MEMORM_DATABASE_URL): a SQLite file, or a throwaway Postgres database."""
+    monkeypatch.setenv("MEMORM_DATABASE_URL", plain_url)
+    return plain_url
 
 
 @pytest.fixture
