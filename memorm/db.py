@@ -19,6 +19,7 @@ import anyio
 from sqlalchemy import event
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import configure_mappers
 from sqlalchemy.util import await_only
 
 from memorm.config import resolve_url
@@ -65,6 +66,9 @@ class Database:
     ) -> None:
         self.url = resolve_url(url)
         self.token_counter = token_counter
+        # Repositories build model instances without the ORM (models.hydrate);
+        # the mappers must be configured first, or attribute access fails.
+        configure_mappers()
         self._engine_options = dict(engine_options)
         options: dict[str, Any] = {
             "json_serializer": dumps,

@@ -13,6 +13,7 @@ work belongs to one task: never share one between concurrent tasks.
 
 from __future__ import annotations
 
+import contextlib
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -86,14 +87,25 @@ class UnitOfWork:
                 if exc_type is None:
                     await self.commit()
                 else:
-                    await self.rollback()
+                    await self._discard()
             finally:
                 self._open = False
                 try:
                     await self.session.close()
+                except Exception:
+                    if exc_type is None:
+                        raise
+                    # The body's exception (or cancellation) is the one to report; a
+                    # connection that broke meanwhile is invalidated by SQLAlchemy.
                 finally:
                     if self._writer is not None:
                         self._writer.release()
+
+    async def _discard(self) -> None:
+        """Roll back after the body failed, never hiding its exception behind a cleanup error."""
+        # The body's exception propagates; a connection that broke is invalidated anyway.
+        with contextlib.suppress(Exception):
+            await self.rollback()
 
     async def commit(self) -> None:
         """Commit what the repositories wrote so far; the unit of work stays usable.
