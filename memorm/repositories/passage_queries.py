@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import math
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -193,10 +194,12 @@ class PassageQueries(Repository):
         if not hits:
             await self._require_agent(key)
         passages = await self._load([passage_id for passage_id, _ in hits])
+        # A stored zero vector has no direction: its cosine distance is NaN on both
+        # engines (sorted last), and it is no match.
         return [
             ScoredPassage(passages[passage_id], distance, score_of(chosen, distance))
             for passage_id, distance in hits
-            if passage_id in passages
+            if passage_id in passages and not math.isnan(distance)
         ]
 
     async def search_text(

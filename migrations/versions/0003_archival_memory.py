@@ -54,6 +54,8 @@ def upgrade() -> None:
             sa.column("agent_id", memorm.types.UUIDType()),
             sa.column("embedding_model", sa.Text()),
             sa.func.min(sa.column("embedding_dim", sa.Integer())),
+            # a model stored in embedding_half is a float16 model
+            sa.func.max(sa.case((sa.column("embedding_half").is_not(None), 1), else_=0)),
         )
         .select_from(sa.table("archival_passages"))
         .group_by(sa.column("agent_id"), sa.column("embedding_model"))
@@ -65,11 +67,12 @@ def upgrade() -> None:
             "created_at": now,
             "updated_at": now,
             "meta": {},
+            "agent_id": agent_id,
             "name": name,
             "dim": dim,
-            "precision": "float32",
+            "precision": "float16" if half else "float32",
         }
-        for name, dim in stored
+        for agent_id, name, dim, half in stored
     ]
     if rows:
         op.bulk_insert(models, rows)
