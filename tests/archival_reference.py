@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from memorm import ScoredPassage
+from memorm import Agent, Database, ScoredPassage
 
-__all__ = ["assert_matches", "reference", "scaled_vectors"]
+__all__ = ["assert_matches", "new_agent", "reference", "scaled_vectors", "store_vectors"]
 
 
 def scaled_vectors(seed: int, n: int, dim: int, dtype: Any = np.float32) -> np.ndarray:
@@ -46,3 +46,18 @@ def assert_matches(hits: list[ScoredPassage], expected: list[tuple[uuid.UUID, fl
     assert [hit.passage.id for hit in hits] == [passage_id for passage_id, _ in expected]
     got = np.array([hit.distance for hit in hits], dtype=np.float64)
     np.testing.assert_allclose(got, [distance for _, distance in expected], rtol=0, atol=1e-5)
+
+
+async def new_agent(db: Database, name: str = "sam") -> Agent:
+    """A committed agent."""
+    async with db.unit_of_work() as uow:
+        return await uow.agents.create(name)
+
+
+async def store_vectors(db: Database, agent: Agent, vectors: np.ndarray, **item: Any) -> list[uuid.UUID]:
+    """Passages ``p0``, ``p1``… with these embeddings (and ``item``'s fields); their ids in order."""
+    async with db.unit_of_work() as uow:
+        added = await uow.passages.add_many(
+            agent.id, [{"text": f"p{i}", "embedding": v, **item} for i, v in enumerate(vectors)]
+        )
+    return [passage.id for passage in added]

@@ -15,26 +15,15 @@ from typing import Any
 import numpy as np
 import pytest
 from archival_reference import assert_matches, reference, scaled_vectors
+from archival_reference import new_agent as _new_agent
+from archival_reference import store_vectors as _store
 
-from memorm import Agent, Database
+from memorm import Database
 
 pytestmark = pytest.mark.anyio
 
 METRICS = ["cosine", "l2", "inner_product"]
 T0 = datetime(2024, 3, 1, tzinfo=timezone.utc)
-
-
-async def _new_agent(db: Database, name: str = "sam") -> Agent:
-    async with db.unit_of_work() as uow:
-        return await uow.agents.create(name)
-
-
-async def _store(db: Database, agent: Agent, vectors: np.ndarray, **item: Any) -> list[uuid.UUID]:
-    async with db.unit_of_work() as uow:
-        added = await uow.passages.add_many(
-            agent.id, [{"text": f"p{i}", "embedding": v, **item} for i, v in enumerate(vectors)]
-        )
-    return [passage.id for passage in added]
 
 
 @pytest.mark.parametrize("metric", METRICS)
