@@ -13,13 +13,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from functools import cache
-from typing import Any, Protocol
+from typing import Any
 
 import sqlalchemy as sa
 
 from memorm.db import Database
 from memorm.driver import fetch, insert_rows
 from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS
+from memorm.progress import Reporter, Silent
 from memorm.translate import guarded
 
 __all__ = [
@@ -41,26 +42,6 @@ TABLES: tuple[sa.Table, ...] = (AGENTS, EMBEDDING_MODELS, SESSIONS, MESSAGES, PA
 DEFAULT_BATCH_SIZE = 5_000
 
 Row = tuple[Any, ...]
-
-
-class Reporter(Protocol):
-    """Where progress goes (a progress bar in the CLI; :class:`Silent` elsewhere)."""
-
-    def start(self, task: str, total: int) -> None:
-        """A new task (``"messages"``, ``"verify messages"``…) of ``total`` rows begins."""
-
-    def advance(self, task: str, rows: int) -> None:
-        """``rows`` more rows of ``task`` are done."""
-
-
-class Silent:
-    """A :class:`Reporter` that reports nothing."""
-
-    def start(self, task: str, total: int) -> None:
-        """Ignore the start."""
-
-    def advance(self, task: str, rows: int) -> None:
-        """Ignore the progress."""
 
 
 def table_named(name: object) -> sa.Table:
