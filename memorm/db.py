@@ -155,6 +155,44 @@ class Database:
         """A fresh ``AsyncSession`` on this database's pool (units of work use this)."""
         return (self._read_sessions if read_only else self.sessions)()
 
+    async def scrub(self) -> None:
+        """Clear what the database files still hold of deleted rows (after purges or ``forget``).
+
+        Deleted rows are gone for every query as soon as their unit of work
+        commits; their bytes can linger.  On SQLite (where deletes zero the
+        freed space, ``secure_delete``) this merges both full-text indexes,
+        whose older segments still list deleted words, then checkpoints and
+        truncates the write-ahead log, which holds old page images.  On
+        Postgres it runs ``VACUUM`` on memorm's tables, removing dead row
+        versions and their index entries (full-text GIN, HNSW vectors).
+        Backups and archived WAL are out of its reach (docs/retention.md).
+        """
+
+        from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS
+        from memorm.search.fts_ddl import FTS_INDEXES
+        from memorm.search.text import merge_deleted
+        from memorm.translate import translating
+
+        await self.check_schema()
+        if self.dialect == "sqlite":
+            async with self.unit_of_work() as uow:
+                for index in FTS_INDEXES:
+                    await merge_deleted(uow.session, index)
+            with translating():
+                async with self.engine.connect() as connection:
+                    outside = await connection.execution_options(**{READ_ONLY: True})  # no BEGIN
+                    for _ in range(_CHECKPOINT_TRIES):
+                        busy = (await outside.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")).scalar()
+                        if not busy:
+                            return
+                        await anyio.sleep(0.05)  # a reader from another process is still on the old pages
+            return
+        tables = ", ".join(table.name for table in (AGENTS, SESSIONS, MESSAGES, PASSAGES, EMBEDDING_MODELS))
+        with translating():
+            async with self.engine.connect() as connection:
+                outside = await connection.execution_options(isolation_level="AUTOCOMMIT")
+                await outside.exec_driver_sql(f"VACUUM (ANALYZE) {tables}")
+
     async def create_all(self) -> None:
         """Create the schema from the models and stamp it at head (for throwaway databases).
 
@@ -213,6 +251,9 @@ class Database:
             self._schema_ok = True
 
 
+_CHECKPOINT_TRIES = 40
+
+
 def _setup_sqlite(engine: AsyncEngine) -> None:
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -223,6 +264,8 @@ def _setup_sqlite(engine: AsyncEngine) -> None:
         cursor.execute("PRAGMA journal_mode = WAL")
         cursor.execute("PRAGMA synchronous = NORMAL")  # durable in WAL mode, and fast
         cursor.execute("PRAGMA foreign_keys = ON")
+        # Deleted rows are overwritten with zeros, not left in free pages (docs/retention.md).
+        cursor.execute("PRAGMA secure_delete = ON")
         cursor.close()
 
     @event.listens_for(engine.sync_engine, "begin")

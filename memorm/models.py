@@ -79,6 +79,8 @@ class Agent(_Row, table=True):
     version: int = Field(default=1, nullable=False)
     # Bumped by every write to the agent's archival passages; vector caches key on it.
     archive_version: int = Field(default=0, nullable=False)
+    # Seconds a new session of the agent lives (its default ``expires_at``); None: forever.
+    retention: int | None = Field(default=None, sa_type=sa.BigInteger)
 
 
 # A conversation of one agent; ``next_seq`` hands out its messages' sequence numbers.
@@ -88,6 +90,8 @@ class Session(_Row, table=True):
         sa.Index(None, "agent_id", "created_at"),
         # An external key (a framework's session id), unique per agent when given.
         sa.Index(None, "agent_id", "key", unique=True),
+        # purge_expired scans by expiry; sessions that never expire (NULL) are not in range.
+        sa.Index(None, "expires_at"),
     )
 
     agent_id: uuid.UUID = Field(
@@ -98,6 +102,8 @@ class Session(_Row, table=True):
     title: str | None = Field(default=None, sa_type=sa.Text)
     key: str | None = Field(default=None, sa_type=sa.Text)
     next_seq: int = Field(default=1, nullable=False)
+    # When the session may be purged (``sessions.purge_expired``); None: never.
+    expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
 # One chat message; ``seq`` orders a session's messages and is unique in it.

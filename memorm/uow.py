@@ -27,6 +27,7 @@ from memorm.repositories import (
     PassageRepository,
     SessionRepository,
 )
+from memorm.search.vector import ARCHIVE_WRITES
 from memorm.translate import FAILED, READ_ONLY, SHIELD, failure, translating
 
 if TYPE_CHECKING:
@@ -119,9 +120,15 @@ class UnitOfWork:
             raise DatabaseError(f"this unit of work failed ({earlier}) and was rolled back") from earlier
         with translating():
             await self.session.commit()
+        # Committed archive changes make those agents' cached vectors stale: drop
+        # them now, so no deleted vector stays in memory until the next search.
+        written = self.session.info.pop(ARCHIVE_WRITES, None)
+        if written:
+            self.db.vector_cache.evict(written)
 
     async def rollback(self) -> None:
         """Discard what the repositories wrote since the last commit."""
         self.session.info.pop(FAILED, None)
+        self.session.info.pop(ARCHIVE_WRITES, None)
         with translating():
             await self.session.rollback()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from memorm.errors import ValidationError
@@ -21,6 +21,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "as_uuid",
     "check_aware",
+    "check_duration",
     "check_json",
     "check_json_object",
     "check_limit",
@@ -110,6 +111,24 @@ def check_aware(value: object, field: str) -> datetime:
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValidationError(f"{field}: naive datetime {value!r}; give it a timezone")
     return value
+
+
+MAX_DURATION = timedelta(days=365 * 1000)
+
+
+def check_duration(value: object, field: str) -> timedelta:
+    """A positive span of time: a ``timedelta`` or a number of seconds, up to 1,000 years."""
+    if isinstance(value, timedelta):
+        span = value
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value) or not 0 < value <= MAX_DURATION.total_seconds():
+            raise ValidationError(f"{field}: expected a positive number of seconds, got {value!r}")
+        span = timedelta(seconds=value)
+    else:
+        raise ValidationError(f"{field}: expected a timedelta or seconds, got {type(value).__name__}")
+    if not timedelta(0) < span <= MAX_DURATION:
+        raise ValidationError(f"{field}: expected a positive span of at most 1,000 years, got {span}")
+    return span
 
 
 def check_limit(limit: object, offset: object = 0, *, maximum: int = MAX_PAGE) -> None:

@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
 
 from memorm.errors import ConflictError, NotFoundError, ValidationError
-from memorm.models import AGENTS, Agent
+from memorm.models import AGENTS, MESSAGES, PASSAGES, SESSIONS, Agent
 from memorm.page import Page
 from memorm.repositories.base import Repository
+from memorm.retention import Removed
+from memorm.search.filters import Filter, compile_filter
+from memorm.search.fts_ddl import MESSAGES_FTS, PASSAGES_FTS
+from memorm.search.text import merge_deleted
+from memorm.search.vector import ARCHIVE_WRITES
 from memorm.types import utcnow
-from memorm.validation import as_uuid, check_json_object, check_text
+from memorm.validation import as_uuid, check_duration, check_json_object, check_text
 
 __all__ = ["AgentRepository"]
 
-_UPDATABLE = ("name", "system", "core_memory", "llm_config", "meta")
+_UPDATABLE = ("name", "system", "core_memory", "llm_config", "meta", "retention")
 
 
 def _check_name(name: object) -> str:
@@ -46,9 +52,21 @@ def _check_changes(changes: Mapping[str, Any]) -> dict[str, Any]:
             checked[key] = check_text(value, "system")
         elif key == "core_memory":
             checked[key] = _check_core_memory(value)
+        elif key == "retention":
+            checked[key] = _check_retention(value)
         else:
             checked[key] = check_json_object(value, key)
     return checked
+
+
+def _check_retention(value: object) -> int | None:
+    """A retention as whole seconds (a ``timedelta`` or a number), or None."""
+    if value is None:
+        return None
+    span = check_duration(value, "retention")
+    if span % timedelta(seconds=1):
+        raise ValidationError(f"retention: expected whole seconds, got {span}")
+    return int(span.total_seconds())
 
 
 def _check_version(expected_version: object) -> int | None:
@@ -70,14 +88,20 @@ class AgentRepository(Repository):
         core_memory: Mapping[str, str] | None = None,
         llm_config: Mapping[str, Any] | None = None,
         meta: Mapping[str, Any] | None = None,
+        retention: timedelta | int | None = None,
     ) -> Agent:
-        """Create an agent; its ``name`` must be unique (``ConflictError`` otherwise)."""
+        """Create an agent; its ``name`` must be unique (``ConflictError`` otherwise).
+
+        ``retention`` (a ``timedelta`` or whole seconds) is how long the
+        agent's new sessions live unless created with their own ``ttl``.
+        """
         agent = Agent(
             name=_check_name(name),
             system=check_text(system, "system"),
             core_memory=_check_core_memory(core_memory),
             llm_config=check_json_object(llm_config, "llm_config"),
             meta=check_json_object(meta, "meta"),
+            retention=_check_retention(retention),
         )
         async with self._savepoint():
             self.session.add(agent)
@@ -111,7 +135,7 @@ class AgentRepository(Repository):
         expected_version: int | None = None,
         **changes: Any,
     ) -> Agent:
-        """Change ``name``, ``system``, ``core_memory``, ``llm_config`` or ``meta``.
+        """Change ``name``, ``system``, ``core_memory``, ``llm_config``, ``meta`` or ``retention``.
 
         Every update bumps ``version``.  With ``expected_version``, the update
         happens only if the agent is still at that version, else ``ConflictError``.
@@ -170,8 +194,73 @@ class AgentRepository(Repository):
     async def delete(self, agent_id: uuid.UUID | str) -> None:
         """Delete the agent with its sessions, messages and passages."""
         key = as_uuid(agent_id, "agent_id")
+        self.session.info.setdefault(ARCHIVE_WRITES, set()).add(key)  # its cached vectors go too
         result = await self._execute(
             sa.delete(Agent).where(AGENTS.c.id == key).execution_options(synchronize_session=False)
         )
         if result.rowcount == 0:  # type: ignore[attr-defined]
             raise NotFoundError(f"no agent {key}")
+
+    async def forget(self, where: Filter, *, dry_run: bool = False) -> Removed:
+        """Erase every agent, session, message and passage whose ``meta`` matches ``where``.
+
+        For a person's request to be forgotten: ``forget({"user_id": "u42"})``.
+        ``where`` is a filter as in archival search (at least one ``meta`` key;
+        ``$in`` lists and a ``created_at`` range may narrow it).  A matching
+        agent goes with all its sessions, messages and passages; a matching
+        session with all its messages.  The full-text indexes lose the
+        deleted text too (on SQLite the index is merged, so not even its
+        segments hold it) and vector caches drop the deleted vectors.  Returns
+        the counts removed (with ``dry_run``, that would be; nothing changes).
+
+        The rows are gone for every query once this unit of work commits; to
+        clear what the files still hold (Postgres dead rows, the SQLite WAL),
+        run :meth:`memorm.Database.scrub` after it.
+        """
+        if not isinstance(where, Mapping) or not any(key != "created_at" for key in where):
+            raise ValidationError("where: forget needs at least one meta key, such as {'user_id': 'u42'}")
+        dialect = (await self.session.connection()).dialect.name
+        agents = sa.select(AGENTS.c.id).where(*compile_filter(dialect, AGENTS, where))
+        sessions = sa.select(SESSIONS.c.id).where(
+            sa.or_(SESSIONS.c.agent_id.in_(agents), sa.and_(*compile_filter(dialect, SESSIONS, where)))
+        )
+        messages = sa.or_(
+            MESSAGES.c.session_id.in_(sessions), sa.and_(*compile_filter(dialect, MESSAGES, where))
+        )
+        passages = sa.or_(PASSAGES.c.agent_id.in_(agents), sa.and_(*compile_filter(dialect, PASSAGES, where)))
+        expected = Removed(
+            agents=await self._count(agents),
+            sessions=await self._count(sessions),
+            messages=await self._count(sa.select(MESSAGES.c.id).where(messages)),
+            passages=await self._count(sa.select(PASSAGES.c.id).where(passages)),
+        )
+        if dry_run or not expected.total:
+            return expected
+        # Every agent whose archive changes: bump its version and drop its cached vectors.
+        owners = list(
+            (await self._execute(sa.select(PASSAGES.c.agent_id).where(passages).distinct())).scalars()
+        )
+        doomed = list((await self._execute(agents)).scalars())
+        self.session.info.setdefault(ARCHIVE_WRITES, set()).update(owners, doomed)
+        if owners:
+            await self._execute(
+                sa.update(AGENTS)
+                .where(AGENTS.c.id.in_(owners))
+                .values(archive_version=AGENTS.c.archive_version + 1)
+            )
+        removed = Removed(
+            messages=await self._delete(sa.delete(MESSAGES).where(messages)),
+            passages=await self._delete(sa.delete(PASSAGES).where(passages)),
+            sessions=await self._delete(sa.delete(SESSIONS).where(SESSIONS.c.id.in_(sessions))),
+            agents=await self._delete(sa.delete(AGENTS).where(AGENTS.c.id.in_(doomed))),
+        )
+        for index, count in ((MESSAGES_FTS, removed.messages), (PASSAGES_FTS, removed.passages)):
+            if count:
+                await merge_deleted(self.session, index)
+        return removed
+
+    async def _count(self, query: sa.Select[Any]) -> int:
+        return int(await self._scalar(sa.select(sa.func.count()).select_from(query.subquery())))
+
+    async def _delete(self, statement: sa.Delete) -> int:
+        return int((await self._execute(statement)).rowcount)  # type: ignore[attr-defined]

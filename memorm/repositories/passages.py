@@ -13,6 +13,7 @@ from __future__ import annotations
 import builtins
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -37,9 +38,15 @@ from memorm.search.vector import (
     ensure_index,
 )
 from memorm.types import utcnow
-from memorm.validation import as_uuid, check_json_object, check_text, check_vector
+from memorm.validation import as_uuid, check_aware, check_json_object, check_text, check_vector
 
 __all__ = ["PassageRepository"]
+
+_OLD_BATCH = 10_000  # passages per DELETE in delete_before
+
+
+def _old(agent_id: uuid.UUID, instant: datetime) -> sa.ColumnElement[bool]:
+    return sa.and_(PASSAGES.c.agent_id == agent_id, PASSAGES.c.created_at < instant)
 
 
 class PassageRepository(PassageQueries):
@@ -256,6 +263,44 @@ class PassageRepository(PassageQueries):
         # same passages queue here and then see each other's committed rows.
         await self._touch_agent(key)
         result = await self._execute(sa.delete(PASSAGES).where(mine))
+        return int(result.rowcount)  # type: ignore[attr-defined]
+
+    async def delete_before(
+        self, agent_id: uuid.UUID | str, cutoff: datetime, *, dry_run: bool = False
+    ) -> int:
+        """Delete the agent's passages created before ``cutoff``; returns how many.
+
+        With ``dry_run``, counts them and deletes nothing.  For a long purge
+        that commits as it goes, see :func:`memorm.retention.purge_older_than`.
+        """
+        key = as_uuid(agent_id, "agent_id")
+        instant = check_aware(cutoff, "cutoff")
+        await self._require_agent(key)
+        if dry_run:
+            return int(await self._scalar(sa.select(sa.func.count()).where(_old(key, instant))))
+        deleted = 0
+        while True:
+            count = await self._delete_old_batch(key, instant, _OLD_BATCH)
+            deleted += count
+            if count < _OLD_BATCH:
+                return deleted
+
+    async def _delete_old_batch(self, key: uuid.UUID, instant: datetime, size: int) -> int:
+        """Delete up to ``size`` of the agent's passages created before ``instant``, oldest first."""
+        doomed = list(
+            (
+                await self._execute(
+                    sa.select(PASSAGES.c.id)
+                    .where(_old(key, instant))
+                    .order_by(PASSAGES.c.created_at)
+                    .limit(size)
+                )
+            ).scalars()
+        )
+        if not doomed:
+            return 0  # nothing changes, so caches stay valid
+        await self._touch_agent(key)
+        result = await self._execute(sa.delete(PASSAGES).where(PASSAGES.c.id.in_(doomed)))
         return int(result.rowcount)  # type: ignore[attr-defined]
 
     async def _touch_agent(self, key: uuid.UUID) -> None:

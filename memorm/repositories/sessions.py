@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 
 from memorm.errors import ConflictError, NotFoundError, ValidationError
-from memorm.models import AGENTS, SESSIONS, Session
+from memorm.models import AGENTS, MESSAGES, SESSIONS, Session
 from memorm.page import Page
 from memorm.repositories.base import Repository
-from memorm.validation import as_uuid, check_json_object, check_text
+from memorm.retention import DEFAULT_BATCH, Removed, check_batch
+from memorm.types import utcnow
+from memorm.validation import as_uuid, check_aware, check_duration, check_json_object, check_text
 
 __all__ = ["SessionRepository"]
 
@@ -24,8 +27,12 @@ def _check_key(key: object) -> str:
     return checked
 
 
+Lifetime = timedelta | float | int
+"""A session's time to live: a ``timedelta`` or a number of seconds."""
+
+
 class SessionRepository(Repository):
-    """Chat sessions: create, read, page per agent, delete."""
+    """Chat sessions: create, read, page per agent, expire, delete."""
 
     async def create(
         self,
@@ -34,21 +41,30 @@ class SessionRepository(Repository):
         title: str | None = None,
         key: str | None = None,
         meta: Mapping[str, Any] | None = None,
+        ttl: Lifetime | None = None,
     ) -> Session:
         """A new session of the agent (``NotFoundError`` for an unknown agent).
 
         ``key`` is an optional external name (a framework's session id), unique
-        per agent: a taken key raises ``ConflictError``.
+        per agent: a taken key raises ``ConflictError``.  The session expires
+        ``ttl`` after its creation (a ``timedelta`` or seconds), else after the
+        agent's ``retention``, else never.
         """
         owner = as_uuid(agent_id, "agent_id")
+        lifetime = None if ttl is None else check_duration(ttl, "ttl")
         chat = Session(
             agent_id=owner,
             title=check_text(title, "title", optional=True),
             key=None if key is None else _check_key(key),
             meta=check_json_object(meta, "meta"),
         )
-        if await self._scalar(sa.select(AGENTS.c.id).where(AGENTS.c.id == owner)) is None:
+        found = (await self._execute(sa.select(AGENTS.c.retention).where(AGENTS.c.id == owner))).first()
+        if found is None:
             raise NotFoundError(f"no agent {owner}")
+        if lifetime is None and found.retention is not None:
+            lifetime = timedelta(seconds=found.retention)
+        if lifetime is not None:
+            chat.expires_at = chat.created_at + lifetime
         async with self._savepoint():  # the agent may vanish meanwhile: FK -> NotFoundError
             self.session.add(chat)
             await self.session.flush()
@@ -61,11 +77,13 @@ class SessionRepository(Repository):
         *,
         title: str | None = None,
         meta: Mapping[str, Any] | None = None,
+        ttl: Lifetime | None = None,
     ) -> Session:
         """The agent's session with this external ``key``, created on first use.
 
         Safe under concurrency: two units of work racing to create the same key
-        both end up with the one session.
+        both end up with the one session.  ``title``, ``meta`` and ``ttl`` apply
+        only to a session created here.
         """
         owner = as_uuid(agent_id, "agent_id")
         name = _check_key(key)
@@ -73,7 +91,7 @@ class SessionRepository(Repository):
         if found is not None:
             return found
         try:
-            return await self.create(owner, title=title, key=name, meta=meta)
+            return await self.create(owner, title=title, key=name, meta=meta, ttl=ttl)
         except ConflictError:  # created meanwhile by another unit of work
             found = await self.get_by_key(owner, name)
             if found is None:
@@ -116,3 +134,76 @@ class SessionRepository(Repository):
         )
         if result.rowcount == 0:  # type: ignore[attr-defined]
             raise NotFoundError(f"no session {key}")
+
+    # -- expiry ---------------------------------------------------------------
+
+    async def touch(
+        self, session_id: uuid.UUID | str, *, ttl: Lifetime | None, now: datetime | None = None
+    ) -> Session:
+        """Set the session to expire ``ttl`` from now (``None``: never); returns it.
+
+        Call it as the session is used to keep active sessions alive, as a TTL
+        refresh does in Redis.  ``now`` defaults to the current UTC time.
+        """
+        key = as_uuid(session_id, "session_id")
+        lifetime = None if ttl is None else check_duration(ttl, "ttl")
+        instant = utcnow() if now is None else check_aware(now, "now")
+        statement = (
+            sa.update(Session)
+            .where(SESSIONS.c.id == key)
+            .values(expires_at=None if lifetime is None else instant + lifetime, updated_at=utcnow())
+            .returning(Session)
+            .execution_options(populate_existing=True, synchronize_session=False)
+        )
+        chat: Session | None = (await self._execute(statement)).scalars().first()
+        if chat is None:
+            raise NotFoundError(f"no session {key}")
+        return chat
+
+    async def purge_expired(
+        self, *, now: datetime | None = None, batch: int = DEFAULT_BATCH, dry_run: bool = False
+    ) -> Removed:
+        """Delete every session that expired at or before ``now``, with its messages.
+
+        A session expires at its ``expires_at``: one that expires at exactly
+        ``now`` goes.  Deletes ``batch`` sessions per statement, all in this
+        unit of work; to commit every batch (for a long purge beside live
+        traffic) use :func:`memorm.retention.purge_expired`.  On Postgres,
+        sessions locked by a concurrent unit of work (an append in flight) are
+        skipped and left for the next purge.  With ``dry_run``, only counts.
+        """
+        instant = utcnow() if now is None else check_aware(now, "now")
+        size = check_batch(batch)
+        if dry_run:
+            expired = sa.select(SESSIONS.c.id).where(SESSIONS.c.expires_at <= instant)
+            sessions = await self._scalar(sa.select(sa.func.count()).select_from(expired.subquery()))
+            messages = await self._scalar(
+                sa.select(sa.func.count()).where(MESSAGES.c.session_id.in_(expired.scalar_subquery()))
+            )
+            return Removed(sessions=int(sessions), messages=int(messages))
+        total = Removed()
+        while True:
+            removed = await self._purge_batch(instant, size)
+            if removed.sessions == 0:
+                return total
+            total += removed
+
+    async def _purge_batch(self, instant: datetime, size: int) -> Removed:
+        """Delete up to ``size`` sessions expired at ``instant``, soonest expired first."""
+        ids = list(
+            (
+                await self._execute(
+                    sa.select(SESSIONS.c.id)
+                    .where(SESSIONS.c.expires_at <= instant)
+                    .order_by(SESSIONS.c.expires_at)
+                    .limit(size)
+                    .with_for_update(skip_locked=True)
+                )
+            ).scalars()
+        )
+        if not ids:
+            return Removed()
+        # Messages first (the cascade would delete them too, but not count them).
+        messages = await self._execute(sa.delete(MESSAGES).where(MESSAGES.c.session_id.in_(ids)))
+        sessions = await self._execute(sa.delete(SESSIONS).where(SESSIONS.c.id.in_(ids)))
+        return Removed(sessions=int(sessions.rowcount), messages=int(messages.rowcount))  # type: ignore[attr-defined]

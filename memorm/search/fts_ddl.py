@@ -72,6 +72,10 @@ class FullTextIndex:
             f"INSERT INTO {f}({f}) VALUES ('rebuild')",
         ]
 
+    def sqlite_optimize(self) -> str:
+        """Merge the FTS5 index into one segment, dropping what deleted rows left in older ones."""
+        return f"INSERT INTO {self.fts_table}({self.fts_table}) VALUES ('optimize')"
+
     def sqlite_drop(self) -> list[str]:
         f = self.fts_table
         return [f"DROP TRIGGER IF EXISTS {f}_{event}" for event in ("ai", "ad", "au")] + [

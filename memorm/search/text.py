@@ -20,7 +20,7 @@ from memorm.search.terms import query_terms
 from memorm.translate import guarded
 from memorm.validation import check_limit
 
-__all__ = ["search_page"]
+__all__ = ["merge_deleted", "search_page"]
 
 T = TypeVar("T")
 
@@ -85,3 +85,16 @@ async def search_page(
             .offset(offset)
         )
         return Page(items=list(found.scalars()), total=int(total), limit=limit, offset=offset)
+
+
+async def merge_deleted(session: AsyncSession, index: FullTextIndex) -> None:
+    """Make deleted rows' words unreadable in the index's own storage.
+
+    FTS5 records a delete as a marker in a new segment; the word stays in the
+    older segments (and so in ``*_fts_data``) until they merge, so merge them
+    all now.  A Postgres GIN index drops dead entries on ``VACUUM``
+    (:meth:`memorm.Database.scrub`), which cannot run in a transaction.
+    """
+    if session.get_bind().dialect.name == "sqlite":
+        async with guarded(session):
+            await session.execute(sa.text(index.sqlite_optimize()))

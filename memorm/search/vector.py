@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -213,6 +213,12 @@ class VectorCache:
     def clear(self) -> None:
         """Forget every matrix."""
         self._entries.clear()
+
+    def evict(self, agent_ids: Iterable[uuid.UUID]) -> None:
+        """Drop these agents' matrices (their archives changed, or they are gone)."""
+        doomed = set(agent_ids)
+        for key in [key for key in self._entries if key[0] in doomed]:
+            del self._entries[key]
 
     async def matrix(self, session: AsyncSession, agent_id: uuid.UUID, model: EmbeddingModel) -> _Matrix:
         """The agent's vectors for ``model``, reloaded if the archive changed since they were read."""

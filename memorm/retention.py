@@ -1,0 +1,204 @@
+"""Retention and forgetting, run in batches: expired sessions, old history, a person's data.
+
+The repository operations (``uow.sessions.purge_expired``,
+``uow.messages.delete_before``, ``uow.passages.delete_before``,
+``uow.agents.forget``) each run in the caller's unit of work: all or nothing,
+and for as long as they take, one transaction.  The functions here run the
+same deletions for maintenance jobs and the ``memorm purge`` / ``memorm
+forget`` commands, committing every batch, so a purge of millions of rows
+never holds a lock (SQLite's one writer lock, Postgres row locks and an old
+snapshot) for longer than one batch::
+
+    removed = await purge_expired(db)                         # sessions past expires_at
+    removed = await purge_older_than(db, utcnow() - timedelta(days=30))
+    removed = await forget(db, {"user_id": "u42"})            # then scrubs the files
+
+Each returns :class:`Removed`, the counts of deleted rows; ``dry_run=True``
+counts what would go and deletes nothing.  See ``docs/retention.md``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from memorm.errors import NotFoundError, ValidationError
+from memorm.progress import Reporter, Silent
+from memorm.types import utcnow
+from memorm.validation import check_aware
+
+if TYPE_CHECKING:
+    from memorm.db import Database
+
+__all__ = ["DEFAULT_BATCH", "Removed", "forget", "purge_expired", "purge_older_than"]
+
+DEFAULT_BATCH = 1000
+MAX_BATCH = 100_000
+_AGENT_PAGE = 1000
+
+
+@dataclass(frozen=True)
+class Removed:
+    """How many rows of each kind a purge or ``forget`` deleted (or, in a dry run, would delete).
+
+    Cascades count: a deleted session's messages are in ``messages``.
+    """
+
+    agents: int = 0
+    sessions: int = 0
+    messages: int = 0
+    passages: int = 0
+
+    def __add__(self, other: Removed) -> Removed:
+        return Removed(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    @property
+    def total(self) -> int:
+        """Rows of every kind together."""
+        return self.agents + self.sessions + self.messages + self.passages
+
+    def as_dict(self) -> dict[str, int]:
+        """``{"agents": …, "sessions": …, "messages": …, "passages": …}``."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class _Tally:
+    """The running total of a batched purge, reported as it grows."""
+
+    def __init__(self, reporter: Reporter | None, expected: Removed, kinds: tuple[str, ...]) -> None:
+        self.reporter = reporter or Silent()
+        self.kinds = kinds
+        self.total = Removed()
+        for kind in kinds:
+            self.reporter.start(kind, getattr(expected, kind))
+
+    def add(self, removed: Removed) -> Removed:
+        for kind in self.kinds:
+            self.reporter.advance(kind, getattr(removed, kind))
+        self.total += removed
+        return removed
+
+
+def check_batch(batch: object) -> int:
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
+        raise ValidationError(f"batch: expected an integer from 1 to {MAX_BATCH:,}, got {batch!r}")
+    return batch
+
+
+async def purge_expired(
+    db: Database,
+    *,
+    now: datetime | None = None,
+    batch: int = DEFAULT_BATCH,
+    dry_run: bool = False,
+    reporter: Reporter | None = None,
+) -> Removed:
+    """Delete every session whose ``expires_at`` is at or before ``now``, with its messages.
+
+    One unit of work per ``batch`` sessions.  Sessions a concurrent unit of
+    work holds locked (Postgres) are skipped and left for the next purge.
+    """
+    instant = utcnow() if now is None else check_aware(now, "now")
+    size = check_batch(batch)
+    async with db.unit_of_work(read_only=True) as uow:
+        expected = await uow.sessions.purge_expired(now=instant, dry_run=True)
+    if dry_run:
+        return expected
+    tally = _Tally(reporter, expected, ("sessions", "messages"))
+    while True:
+        async with db.unit_of_work() as uow:
+            removed = tally.add(await uow.sessions._purge_batch(instant, size))
+        if removed.sessions == 0:
+            return tally.total
+
+
+async def purge_older_than(
+    db: Database,
+    cutoff: datetime,
+    *,
+    agent: str | uuid.UUID | None = None,
+    batch: int = 10 * DEFAULT_BATCH,
+    dry_run: bool = False,
+    reporter: Reporter | None = None,
+) -> Removed:
+    """Delete messages and archival passages created before ``cutoff``.
+
+    Of one agent (its name or id) or of every agent; sessions stay, even when
+    emptied (use session expiry to drop sessions).  One unit of work per
+    ``batch`` rows.
+    """
+    instant = check_aware(cutoff, "cutoff")
+    size = check_batch(batch)
+    owners = await _agents(db, agent)
+    expected = Removed()
+    async with db.unit_of_work(read_only=True) as uow:
+        for owner in owners:
+            messages = await uow.messages.delete_before(owner, instant, dry_run=True)
+            passages = await uow.passages.delete_before(owner, instant, dry_run=True)
+            expected += Removed(messages=messages, passages=passages)
+    if dry_run:
+        return expected
+    tally = _Tally(reporter, expected, ("messages", "passages"))
+    for owner in owners:
+        touched: set[uuid.UUID] = set()
+        while True:
+            async with db.unit_of_work() as uow:
+                count, sessions = await uow.messages._delete_old_batch(owner, instant, None, size)
+            touched |= sessions
+            if tally.add(Removed(messages=count)).messages < size:
+                break
+        async with db.unit_of_work() as uow:
+            tally.add(Removed(messages=await uow.messages._delete_orphans(touched)))
+        while True:
+            async with db.unit_of_work() as uow:
+                count = await uow.passages._delete_old_batch(owner, instant, size)
+            if tally.add(Removed(passages=count)).passages < size:
+                break
+    return tally.total
+
+
+async def forget(
+    db: Database,
+    where: Mapping[str, Any],
+    *,
+    dry_run: bool = False,
+    scrub: bool = True,
+    reporter: Reporter | None = None,
+) -> Removed:
+    """Erase every agent, session, message and passage whose ``meta`` matches ``where``.
+
+    The deletion is one unit of work (a person is forgotten entirely or not at
+    all); then, unless ``scrub=False``, :meth:`Database.scrub` clears what the
+    files still hold of the deleted rows.
+    """
+    async with db.unit_of_work(read_only=True) as uow:
+        expected = await uow.agents.forget(where, dry_run=True)
+    if dry_run:
+        return expected
+    tally = _Tally(reporter, expected, ("agents", "sessions", "messages", "passages"))
+    async with db.unit_of_work() as uow:
+        tally.add(await uow.agents.forget(where))
+    if scrub:
+        await db.scrub()
+    return tally.total
+
+
+async def _agents(db: Database, agent: str | uuid.UUID | None) -> list[uuid.UUID]:
+    """The ids of the named agent (by name or id), or of every agent (read a page at a time)."""
+    async with db.unit_of_work(read_only=True) as uow:
+        if isinstance(agent, uuid.UUID):
+            return [(await uow.agents.get(agent)).id]
+        if agent is not None:
+            found = await uow.agents.get_by_name(agent)
+            if found is None:
+                raise NotFoundError(f"no agent named {agent!r}")
+            return [found.id]
+        owners: list[uuid.UUID] = []
+        while True:
+            page = await uow.agents.list(limit=_AGENT_PAGE, offset=len(owners))
+            owners += [found.id for found in page.items]
+            if len(page.items) < _AGENT_PAGE:
+                return owners
