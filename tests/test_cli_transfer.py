@@ -260,6 +260,40 @@ def test_import_refuses_a_file_from_a_newer_schema(
     assert dump(destination)["agents"] == []
 
 
+def _rewrite_rows(file: Path, revision: str, drop: dict[str, set[str]]) -> None:
+    """Make ``file`` look like an export from ``revision``, its rows lacking ``drop``'s columns."""
+    lines = [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines()]
+    lines[0]["revision"] = revision
+    for line in lines[1:-1]:
+        for column in drop.get(line["table"], set()):
+            del line["row"][column]
+    file.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+
+
+def test_an_export_from_an_older_revision_imports_with_the_new_columns_empty(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, destination = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+    asyncio.run(_populate(source))
+    file = tmp_path / "old.jsonl"
+    assert main(["export", source, str(file)]) == 0
+    # Revision 0005 added sessions.expires_at and agents.retention.
+    _rewrite_rows(file, "0004", {"sessions": {"expires_at"}, "agents": {"retention"}})
+    assert main(["db", "upgrade", "--url", destination]) == 0
+    assert main(["import", destination, str(file)]) == 0
+    assert "imported 8 messages" in capsys.readouterr().out
+    assert dump(destination) == dump(source)  # the columns it lacked are NULL on both sides
+
+    # At the head revision every column must be there: a missing one is an error, not a NULL.
+    assert main(["export", source, str(file)]) == 0
+    _rewrite_rows(file, head_revision(), {"sessions": {"title"}})
+    fresh = f"sqlite:///{tmp_path / 'c.db'}"
+    assert main(["db", "upgrade", "--url", fresh]) == 0
+    capsys.readouterr()
+    assert main(["import", fresh, str(file)]) == 1
+    assert "missing columns ['title']" in _one_line_error(capsys)
+
+
 def test_import_refuses_a_destination_below_head_and_a_truncated_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

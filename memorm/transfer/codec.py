@@ -16,6 +16,7 @@ from functools import cache
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.sql.schema import ScalarElementColumnDefault
 
 from memorm.errors import ValidationError
 from memorm.transfer.rows import Row, column_names
@@ -71,13 +72,31 @@ def to_json_row(table: sa.Table, row: Row) -> dict[str, Any]:
     }
 
 
-def from_json_row(table: sa.Table, data: Mapping[str, Any]) -> Row:
+def _added_later(column: sa.Column[Any]) -> tuple[bool, Any]:
+    """Whether an export from an older revision may lack ``column``, and the value it then takes."""
+    default = column.default
+    if isinstance(default, ScalarElementColumnDefault):
+        return True, default.arg
+    return column.nullable is True and default is None, None
+
+
+def from_json_row(table: sa.Table, data: Mapping[str, Any], *, older: bool = False) -> Row:
     """The row of ``table`` that :func:`to_json_row` encoded as ``data``.
+
+    ``older``: the row comes from an earlier schema revision, so columns added
+    since (nullable, or with a plain default) may be absent and take that value.
 
     Raises:
         ValidationError: a column is missing or extra, or a value cannot be decoded.
     """
     names = column_names(table)
+    if older and any(name not in data for name in names):
+        filled = dict(data)
+        for column in table.c:
+            absent, value = _added_later(column)
+            if absent and column.name not in filled:
+                filled[column.name] = value
+        data = filled
     if len(data) != len(names) or any(name not in data for name in names):
         missing = sorted(set(names) - set(data))
         extra = sorted(set(data) - set(names))

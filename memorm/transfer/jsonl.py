@@ -160,6 +160,7 @@ async def import_jsonl(
         if "memorm" not in header or not isinstance(header.get("tables"), dict):
             raise ValidationError(f"{source} is not a memorm export (its first line is no memorm header)")
         check_revision(header.get("revision"), where=str(source))
+        older = header.get("revision") != head_revision()  # its rows may lack columns added since
         result = ImportReport(header=header)
         seen = {table.name: 0 for table in TABLES}
         table: sa.Table | None = None
@@ -190,7 +191,7 @@ async def import_jsonl(
             if not isinstance(data, dict):
                 raise ValidationError(f'{where}: expected a "row" object')
             try:
-                row = from_json_row(target, data)
+                row = from_json_row(target, data, older=older)
             except ValidationError as error:
                 raise ValidationError(f"{where}: {error}") from None
             if target is not table:
