@@ -8,6 +8,7 @@ import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import anyio
@@ -29,9 +30,10 @@ from langchain_core.messages import (
     ToolMessageChunk,
 )
 
-from memorm import Database, Message, ValidationError
+from memorm import Database, Message, Session, ValidationError
 from memorm.compat.langchain import MemormChatMessageHistory, adispose_sync
 from memorm.repositories import MessageRepository
+from memorm.types import utcnow
 
 pytestmark = pytest.mark.anyio
 
@@ -316,6 +318,38 @@ async def test_a_deleted_session_is_recreated_by_the_next_write(db: Database) ->
         await uow.sessions.delete(chat.id)
     await history.aadd_messages([HumanMessage("newer")])  # a cached id of a deleted session, on write
     assert await MemormChatMessageHistory(db, "k", agent=agent_id).aget_messages() == [HumanMessage("newer")]
+
+
+async def test_ttl_makes_an_idle_session_expire_and_every_write_renews_it(db: Database) -> None:
+    agent_id = await _agent(db)
+    history = MemormChatMessageHistory(db, "k", agent=agent_id, ttl=timedelta(minutes=30))
+    before = utcnow()
+    await history.aadd_messages([HumanMessage("first")])
+    first = await _session(db, agent_id)
+    assert first.expires_at is not None
+    assert before + timedelta(minutes=30) <= first.expires_at <= utcnow() + timedelta(minutes=30)
+    await history.aadd_messages([HumanMessage("second")])
+    renewed = await _session(db, agent_id)
+    assert renewed.expires_at is not None
+    assert renewed.expires_at > first.expires_at
+
+    # 29 minutes after the last write the session lives; 31 minutes after, a purge takes it.
+    async with db.unit_of_work() as uow:
+        kept = await uow.sessions.purge_expired(now=renewed.expires_at - timedelta(minutes=1))
+        gone = await uow.sessions.purge_expired(now=renewed.expires_at + timedelta(minutes=1))
+    assert (kept.sessions, gone.sessions, gone.messages) == (0, 1, 2)
+    assert await history.aget_messages() == []
+    await history.aadd_messages([HumanMessage("again")])  # a fresh session under the same key
+    assert await history.aget_messages() == [HumanMessage("again")]
+    with pytest.raises(ValidationError):
+        MemormChatMessageHistory(db, "k", agent=agent_id, ttl=0)
+
+
+async def _session(db: Database, agent_id: uuid.UUID) -> Session:
+    async with db.unit_of_work(read_only=True) as uow:
+        chat = await uow.sessions.get_by_key(agent_id, "k")
+    assert chat is not None
+    return chat
 
 
 async def test_aclear_finds_a_session_recreated_under_its_key(db: Database) -> None:

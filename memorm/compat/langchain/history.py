@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 from langchain_core.chat_history import BaseChatMessageHistory
@@ -16,7 +17,7 @@ from memorm.errors import NotFoundError, ValidationError
 from memorm.models import Agent, Message
 from memorm.repositories.message_input import check_int
 from memorm.uow import UnitOfWork
-from memorm.validation import as_uuid, check_text
+from memorm.validation import as_uuid, check_duration, check_text
 
 __all__ = ["PAGE", "MemormChatMessageHistory"]
 
@@ -44,6 +45,11 @@ class MemormChatMessageHistory(BaseChatMessageHistory):
             ``aget_messages``), so a long history is never loaded whole.  A
             window can begin with a tool answer whose call fell outside it.
             Without it, the whole history is read, in pages of 1,000.
+        ttl: like a Redis chat history's ``ttl``, a ``timedelta`` or seconds:
+            every write moves the session's expiry to ``ttl`` from then, so a
+            session idle that long is deleted by the next
+            ``purge_expired`` (see docs/retention.md).  Without it, the
+            session expires as the agent's ``retention`` says, if at all.
 
     Every LangChain message type round-trips to an equal object (see
     :func:`from_langchain`); ``additional_kwargs``, ``response_metadata``,
@@ -65,6 +71,7 @@ class MemormChatMessageHistory(BaseChatMessageHistory):
         *,
         agent: uuid.UUID | str | Agent,
         window: int | None = None,
+        ttl: timedelta | float | None = None,
     ) -> None:
         super().__init__()
         key = check_text(session_key, "session_key") or ""
@@ -74,6 +81,7 @@ class MemormChatMessageHistory(BaseChatMessageHistory):
         self.session_key = key
         self.agent_id = as_uuid(agent.id if isinstance(agent, Agent) else agent, "agent")
         self.window = None if window is None else check_int(window, "window", minimum=1)
+        self.ttl = None if ttl is None else check_duration(ttl, "ttl")
         self._session_id: uuid.UUID | None = None  # set once the session is known to exist
 
     def __repr__(self) -> str:
@@ -136,6 +144,8 @@ class MemormChatMessageHistory(BaseChatMessageHistory):
                     if session_id is None:
                         session_id = (await uow.sessions.get_or_create(self.agent_id, self.session_key)).id
                     await uow.messages.append(session_id, rows)
+                    if self.ttl is not None:
+                        await uow.sessions.touch(session_id, ttl=self.ttl)
             except NotFoundError:
                 if cached is None:
                     raise  # the agent is gone (or the new session vanished at once)
