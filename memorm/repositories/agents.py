@@ -237,17 +237,24 @@ class AgentRepository(Repository):
         if dry_run or not expected.total:
             return expected
         # Every agent whose archive changes: bump its version and drop its cached vectors.
-        owners = list(
+        owners = set(
             (await self._execute(sa.select(PASSAGES.c.agent_id).where(passages).distinct())).scalars()
         )
         doomed = list((await self._execute(agents)).scalars())
         self.session.info.setdefault(ARCHIVE_WRITES, set()).update(owners, doomed)
-        if owners:
-            await self._execute(
-                sa.update(AGENTS)
-                .where(AGENTS.c.id.in_(owners))
-                .values(archive_version=AGENTS.c.archive_version + 1)
-            )
+        # Lock as writers do, parents first (agents, then sessions, then their rows), so
+        # a concurrent trim or delete_many queues behind this instead of deadlocking.
+        await self._execute(
+            sa.update(AGENTS)
+            .where(AGENTS.c.id.in_(sorted(owners.union(doomed))))
+            .values(archive_version=AGENTS.c.archive_version + 1)
+        )
+        await self._execute(
+            sa.select(SESSIONS.c.id)
+            .where(SESSIONS.c.id.in_(sessions))
+            .order_by(SESSIONS.c.id)
+            .with_for_update()
+        )
         removed = Removed(
             messages=await self._delete(sa.delete(MESSAGES).where(messages)),
             passages=await self._delete(sa.delete(PASSAGES).where(passages)),

@@ -1,0 +1,115 @@
+"""Forgetting beside live writers: forget takes its locks in the writers' order, so nobody deadlocks.
+
+On Postgres a deadlock aborts one side with a ``ConflictError`` ("deadlock
+detected"); on SQLite writers queue for the one write lock, so these tests pin
+the same outcome there by construction.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import anyio
+import pytest
+
+from memorm import Database, NotFoundError
+
+pytestmark = pytest.mark.anyio
+
+ROUNDS = 8
+
+
+async def _person(db: Database, n: int) -> tuple[uuid.UUID, uuid.UUID]:
+    """A shared agent with the person's session (50 messages) and 20 passages about them."""
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create(f"shared-{n}")
+        chat = await uow.sessions.create(agent.id, meta={"user_id": f"u{n}"})
+        await uow.messages.append(chat.id, [{"role": "user", "content": f"m {i}"} for i in range(50)])
+        await uow.passages.add_many(
+            agent.id,
+            [
+                {"text": f"p {i}", "embedding": [1.0, float(i)], "meta": {"user_id": f"u{n}"}}
+                for i in range(20)
+            ],
+        )
+    return agent.id, chat.id
+
+
+async def _race(db: Database, n: int) -> None:
+    """Forget person ``n`` while two trims and two passage deletes run on the same rows."""
+    agent_id, chat_id = await _person(db, n)
+    async with db.unit_of_work(read_only=True) as uow:
+        passage_ids = [p.id for p in (await uow.passages.list(agent_id, limit=20)).items]
+    outcomes: list[str] = []
+
+    async def trim() -> None:
+        try:
+            async with db.unit_of_work() as uow:
+                await uow.messages.trim(chat_id, keep_last=10)
+            outcomes.append("trimmed")
+        except NotFoundError:
+            outcomes.append("gone")
+
+    async def prune() -> None:
+        async with db.unit_of_work() as uow:
+            await uow.passages.delete_many(agent_id, passage_ids[:10])
+        outcomes.append("pruned")
+
+    async def forget() -> None:
+        async with db.unit_of_work() as uow:
+            await uow.agents.forget({"user_id": f"u{n}"})
+        outcomes.append("forgot")
+
+    async with anyio.create_task_group() as group:  # a ConflictError (deadlock) would fail here
+        for task in (trim, prune, forget, trim, prune):
+            group.start_soon(task)
+    assert sorted(outcomes)[0] == "forgot"
+    assert outcomes.count("pruned") == 2
+    assert len(outcomes) == 5
+    async with db.unit_of_work(read_only=True) as uow:
+        assert await uow.passages.count(agent_id) == 0
+        with pytest.raises(NotFoundError):
+            await uow.sessions.get(chat_id)
+
+
+async def test_forget_beside_trims_and_passage_deletes_never_deadlocks(db: Database) -> None:
+    # trim locks the session, then deletes messages; delete_many locks the agent,
+    # then deletes passages.  A forget deleting rows first and locking parents
+    # second would wait on them while they wait on it.
+    for n in range(ROUNDS):
+        await _race(db, n)
+
+
+async def test_forget_waits_for_a_writer_holding_the_session_instead_of_deadlocking(db: Database) -> None:
+    # The writer locks the session (an append), and only later deletes messages (a trim).
+    # A forget that deleted the messages before locking the session would hold rows
+    # the writer needs while waiting for the session the writer holds.
+    agent_id, chat_id = await _person(db, 0)
+    locked = anyio.Event()
+    order: list[str] = []
+
+    async def writer() -> None:
+        async with db.unit_of_work() as uow:
+            await uow.messages.append(chat_id, {"role": "user", "content": "one more"})
+            locked.set()
+            await anyio.sleep(0.3)  # forget starts meanwhile
+            await uow.messages.trim(chat_id, keep_last=5)
+        order.append("writer")
+
+    async def forget() -> None:
+        await locked.wait()
+        async with db.unit_of_work() as uow:
+            removed = await uow.agents.forget({"user_id": "u0"})
+        order.append("forget")
+        assert (removed.sessions, removed.messages, removed.passages) == (1, 5, 20)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(writer)
+        group.start_soon(forget)
+    assert order == ["writer", "forget"]
+    assert await _left(db, agent_id) == 0
+
+
+async def _left(db: Database, agent_id: uuid.UUID) -> int:
+    async with db.unit_of_work(read_only=True) as uow:
+        return await uow.passages.count(agent_id) + (await uow.sessions.list(agent_id)).total
