@@ -123,35 +123,35 @@ async def purge_older_than(
     batch: int = 10 * DEFAULT_BATCH,
     dry_run: bool = False,
     reporter: Reporter | None = None,
+    after_expired: datetime | None = None,
 ) -> Removed:
     """Delete messages and archival passages created before ``cutoff``.
 
     Of one agent (its name or id) or of every agent; sessions stay, even when
     emptied (use session expiry to drop sessions).  One unit of work per
-    ``batch`` rows.
+    ``batch`` rows.  ``after_expired``: the ``now`` of a :func:`purge_expired`
+    run just before, whose dry run already counted the messages of sessions
+    expired then; this dry run leaves them out, so the two add up.
     """
     instant = check_aware(cutoff, "cutoff")
     size = check_batch(batch)
+    expired_at = None if after_expired is None else check_aware(after_expired, "after_expired")
     owners = await _agents(db, agent)
     expected = Removed()
     async with db.unit_of_work(read_only=True) as uow:
         for owner in owners:
-            messages = await uow.messages.delete_before(owner, instant, dry_run=True)
+            messages = await uow.messages._count_old(owner, instant, None, expired_at)
             passages = await uow.passages.delete_before(owner, instant, dry_run=True)
             expected += Removed(messages=messages, passages=passages)
     if dry_run:
         return expected
     tally = _Tally(reporter, expected, ("messages", "passages"))
     for owner in owners:
-        touched: set[uuid.UUID] = set()
         while True:
             async with db.unit_of_work() as uow:
-                count, sessions = await uow.messages._delete_old_batch(owner, instant, None, size)
-            touched |= sessions
-            if tally.add(Removed(messages=count)).messages < size:
+                count = await uow.messages._delete_old_batch(owner, instant, None, size)
+            if not tally.add(Removed(messages=count)).messages:
                 break
-        async with db.unit_of_work() as uow:
-            tally.add(Removed(messages=await uow.messages._delete_orphans(touched)))
         while True:
             async with db.unit_of_work() as uow:
                 count = await uow.passages._delete_old_batch(owner, instant, size)
@@ -180,8 +180,8 @@ async def forget(
         return expected
     tally = _Tally(reporter, expected, ("agents", "sessions", "messages", "passages"))
     async with db.unit_of_work() as uow:
-        tally.add(await uow.agents.forget(where))
-    if scrub:
+        removed = tally.add(await uow.agents.forget(where))
+    if scrub and removed.total:
         await db.scrub()
     return tally.total
 

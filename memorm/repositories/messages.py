@@ -15,8 +15,7 @@ between blocks, never inside one.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
-from datetime import datetime
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -24,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from memorm.driver import fetch, insert_rows
 from memorm.errors import NotFoundError
-from memorm.models import AGENTS, MESSAGES, SESSIONS, Message, hydrate
+from memorm.models import MESSAGES, SESSIONS, Message, hydrate
 from memorm.repositories.message_input import (
     MessageInput,
     check_batch,
@@ -32,15 +31,13 @@ from memorm.repositories.message_input import (
     check_message,
 )
 from memorm.repositories.message_queries import _COLUMNS, MessageQueries
-from memorm.retention import DEFAULT_BATCH
+from memorm.repositories.message_retention import MessageRetention
 from memorm.tokens import TokenCounter, estimate_tokens
 from memorm.translate import check_writable, guarded
 from memorm.types import utcnow
-from memorm.validation import as_uuid, check_aware, check_text
+from memorm.validation import as_uuid, check_text
 
 __all__ = ["MessageRepository"]
-
-_OLD_BATCH = 10_000  # messages per DELETE in delete_before
 
 _ALLOCATE = (
     sa.update(SESSIONS)
@@ -50,7 +47,7 @@ _ALLOCATE = (
 )
 
 
-class MessageRepository(MessageQueries):
+class MessageRepository(MessageQueries, MessageRetention):
     """Messages of a session, ordered by ``seq``."""
 
     def __init__(self, session: AsyncSession, *, token_counter: TokenCounter = estimate_tokens) -> None:
@@ -226,115 +223,6 @@ class MessageRepository(MessageQueries):
             return None
         await self.delete_after(key, newest[0].seq - 1)
         return newest[0]
-
-    async def delete_before(
-        self,
-        agent_id: uuid.UUID | str,
-        cutoff: datetime,
-        *,
-        session_id: uuid.UUID | str | None = None,
-        dry_run: bool = False,
-    ) -> int:
-        """Delete the agent's messages created before ``cutoff`` (of one session, if given).
-
-        System messages too.  A tool answer whose call is deleted goes with it,
-        so no session is left starting with an orphaned tool answer.  Sessions
-        stay, even when emptied.  Returns how many messages were deleted (with
-        ``dry_run``, how many would be).  For a long purge that commits as it
-        goes, see :func:`memorm.retention.purge_older_than`.
-        """
-        owner = as_uuid(agent_id, "agent_id")
-        instant = check_aware(cutoff, "cutoff")
-        chat = None if session_id is None else as_uuid(session_id, "session_id")
-        await self._scope_owner(owner, chat)
-        if dry_run:
-            return await self._count_old(owner, instant, chat)
-        deleted = 0
-        touched: set[uuid.UUID] = set()
-        while True:
-            count, sessions = await self._delete_old_batch(owner, instant, chat, _OLD_BATCH)
-            deleted += count
-            touched |= sessions
-            if count < _OLD_BATCH:
-                return deleted + await self._delete_orphans(touched)
-
-    async def _scope_owner(self, owner: uuid.UUID, chat: uuid.UUID | None) -> None:
-        """Check the agent exists and owns the session (``NotFoundError`` otherwise)."""
-        if chat is None:
-            if await self._scalar(sa.select(AGENTS.c.id).where(AGENTS.c.id == owner)) is None:
-                raise NotFoundError(f"no agent {owner}")
-        elif await self._scalar(sa.select(SESSIONS.c.agent_id).where(SESSIONS.c.id == chat)) != owner:
-            raise NotFoundError(f"agent {owner} has no session {chat}")
-
-    @staticmethod
-    def _old(owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None, table: Any = MESSAGES) -> Any:
-        scope = [table.c.agent_id == owner, table.c.created_at < instant]
-        if chat is not None:
-            scope.append(table.c.session_id == chat)
-        return sa.and_(*scope)
-
-    async def _count_old(self, owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None) -> int:
-        old = await self._scalar(sa.select(sa.func.count()).where(self._old(owner, instant, chat)))
-        # The tool answers that would be left first in their session: no message
-        # but tool answers survives before them, and their session loses rows.
-        kept, earlier = MESSAGES.alias("kept"), MESSAGES.alias("earlier")
-        orphans = await self._scalar(
-            sa.select(sa.func.count())
-            .select_from(kept)
-            .where(
-                kept.c.agent_id == owner,
-                kept.c.created_at >= instant,
-                kept.c.role == "tool",
-                *([kept.c.session_id == chat] if chat is not None else []),
-                sa.exists().where(
-                    self._old(owner, instant, None, earlier), earlier.c.session_id == kept.c.session_id
-                ),
-                ~sa.exists().where(
-                    earlier.c.session_id == kept.c.session_id,
-                    earlier.c.seq < kept.c.seq,
-                    earlier.c.role != "tool",
-                    earlier.c.created_at >= instant,
-                ),
-            )
-        )
-        return int(old) + int(orphans)
-
-    async def _delete_old_batch(
-        self, owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None, size: int
-    ) -> tuple[int, set[uuid.UUID]]:
-        """Delete up to ``size`` messages ``delete_before`` removes; returns (count, their sessions)."""
-        doomed = (
-            sa.select(MESSAGES.c.id)
-            .where(self._old(owner, instant, chat))
-            .order_by(MESSAGES.c.created_at)
-            .limit(size)
-            .scalar_subquery()
-        )
-        rows = await self._execute(
-            sa.delete(MESSAGES).where(MESSAGES.c.id.in_(doomed)).returning(MESSAGES.c.session_id)
-        )
-        sessions = list(rows.scalars())
-        return len(sessions), set(sessions)
-
-    async def _delete_orphans(self, sessions: Iterable[uuid.UUID]) -> int:
-        """Delete the tool answers that begin these sessions (their calls were deleted)."""
-        earlier = MESSAGES.alias("earlier")
-        ordered = sorted(sessions)
-        deleted = 0
-        for start in range(0, len(ordered), DEFAULT_BATCH):
-            result = await self._execute(
-                sa.delete(MESSAGES).where(
-                    MESSAGES.c.session_id.in_(ordered[start : start + DEFAULT_BATCH]),
-                    MESSAGES.c.role == "tool",
-                    ~sa.exists().where(
-                        earlier.c.session_id == MESSAGES.c.session_id,
-                        earlier.c.seq < MESSAGES.c.seq,
-                        earlier.c.role != "tool",
-                    ),
-                )
-            )
-            deleted += int(result.rowcount)  # type: ignore[attr-defined]
-        return deleted
 
     # -- helpers ------------------------------------------------------------
 
