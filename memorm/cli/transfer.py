@@ -12,40 +12,12 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
-
+from memorm.cli.progress import Bars, progress_bar
 from memorm.db import Database
 from memorm.transfer import DEFAULT_BATCH_SIZE, TABLES, copy_database, export_jsonl, import_jsonl
 from memorm.transfer.copy import CopyReport, verify_copy
 
 __all__ = ["register"]
-
-
-class _Bars:
-    """A :class:`~memorm.transfer.Reporter` drawing one rich progress bar per task."""
-
-    def __init__(self, progress: Progress) -> None:
-        self.progress = progress
-        self.tasks: dict[str, TaskID] = {}
-
-    def start(self, task: str, total: int) -> None:
-        self.tasks[task] = self.progress.add_task(task, total=total)
-
-    def advance(self, task: str, rows: int) -> None:
-        self.progress.advance(self.tasks[task], rows)
-
-
-def _progress() -> Progress:
-    console = Console(stderr=True)
-    return Progress(
-        TextColumn("{task.description:<18}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        disable=not console.is_terminal,
-    )
 
 
 def _summary(verb: str, inserted: Mapping[str, int], skipped: Mapping[str, int]) -> None:
@@ -68,8 +40,8 @@ def _verdict(report: CopyReport) -> int:
 
 async def _copy(args: argparse.Namespace) -> int:
     async with Database(args.source) as source, Database(args.destination) as destination:
-        with _progress() as progress:
-            bars = _Bars(progress)
+        with progress_bar() as progress:
+            bars = Bars(progress)
             if args.verify_only:
                 report = await verify_copy(source, destination, batch_size=args.batch_size, reporter=bars)
             else:
@@ -83,16 +55,16 @@ async def _copy(args: argparse.Namespace) -> int:
 
 async def _export(args: argparse.Namespace) -> int:
     async with Database(args.url) as db:
-        with _progress() as progress:
-            written = await export_jsonl(db, args.file, batch_size=args.batch_size, reporter=_Bars(progress))
+        with progress_bar() as progress:
+            written = await export_jsonl(db, args.file, batch_size=args.batch_size, reporter=Bars(progress))
     _summary("exported", written, {})
     return 0
 
 
 async def _import(args: argparse.Namespace) -> int:
     async with Database(args.url) as db:
-        with _progress() as progress:
-            report = await import_jsonl(db, args.file, batch_size=args.batch_size, reporter=_Bars(progress))
+        with progress_bar() as progress:
+            report = await import_jsonl(db, args.file, batch_size=args.batch_size, reporter=Bars(progress))
     _summary("imported", report.inserted, report.skipped)
     return 0
 
