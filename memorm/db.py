@@ -155,7 +155,7 @@ class Database:
         """A fresh ``AsyncSession`` on this database's pool (units of work use this)."""
         return (self._read_sessions if read_only else self.sessions)()
 
-    async def scrub(self) -> None:
+    async def scrub(self, *, reindex: bool = False) -> None:
         """Clear what the database files still hold of deleted rows (after purges or ``forget``).
 
         Deleted rows are gone for every query as soon as their unit of work
@@ -163,9 +163,14 @@ class Database:
         freed space, ``secure_delete``) this merges both full-text indexes,
         whose older segments still list deleted words, then checkpoints and
         truncates the write-ahead log, which holds old page images.  On
-        Postgres it runs ``VACUUM`` on memorm's tables, removing dead row
-        versions and their index entries (full-text GIN, HNSW vectors).
-        Backups and archived WAL are out of its reach (docs/retention.md).
+        Postgres it runs ``VACUUM`` on memorm's tables with index cleanup
+        forced (by default Postgres skips it when few pages changed, as when
+        one person is forgotten), removing dead row versions and their index
+        entries (full-text GIN, HNSW vectors).  A GIN index keeps the words
+        themselves as keys with no rows; ``reindex=True`` rebuilds both
+        full-text indexes (``REINDEX CONCURRENTLY``: writes go on, but it
+        reads the whole table) so not even the words remain.  Backups and
+        archived WAL are out of its reach (docs/retention.md).
         """
 
         from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS
@@ -191,7 +196,10 @@ class Database:
         with translating():
             async with self.engine.connect() as connection:
                 outside = await connection.execution_options(isolation_level="AUTOCOMMIT")
-                await outside.exec_driver_sql(f"VACUUM (ANALYZE) {tables}")
+                await outside.exec_driver_sql(f"VACUUM (ANALYZE, INDEX_CLEANUP ON) {tables}")
+                if reindex:
+                    for index in FTS_INDEXES:
+                        await outside.exec_driver_sql(f"REINDEX INDEX CONCURRENTLY {index.gin_index}")
 
     async def create_all(self) -> None:
         """Create the schema from the models and stamp it at head (for throwaway databases).

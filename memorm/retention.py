@@ -110,7 +110,8 @@ async def purge_expired(
     tally = _Tally(reporter, expected, ("sessions", "messages"))
     while True:
         async with db.unit_of_work() as uow:
-            removed = tally.add(await uow.sessions._purge_batch(instant, size))
+            removed = await uow.sessions._purge_batch(instant, size)
+        tally.add(removed)  # reported once committed
         if removed.sessions == 0:
             return tally.total
 
@@ -166,13 +167,15 @@ async def forget(
     *,
     dry_run: bool = False,
     scrub: bool = True,
+    reindex: bool = False,
     reporter: Reporter | None = None,
 ) -> Removed:
     """Erase every agent, session, message and passage whose ``meta`` matches ``where``.
 
     The deletion is one unit of work (a person is forgotten entirely or not at
     all); then, unless ``scrub=False``, :meth:`Database.scrub` clears what the
-    files still hold of the deleted rows.
+    files still hold of the deleted rows (``reindex=True``: the words in
+    Postgres' full-text index too).
     """
     async with db.unit_of_work(read_only=True) as uow:
         expected = await uow.agents.forget(where, dry_run=True)
@@ -180,9 +183,10 @@ async def forget(
         return expected
     tally = _Tally(reporter, expected, ("agents", "sessions", "messages", "passages"))
     async with db.unit_of_work() as uow:
-        removed = tally.add(await uow.agents.forget(where))
+        removed = await uow.agents.forget(where)
+    tally.add(removed)
     if scrub and removed.total:
-        await db.scrub()
+        await db.scrub(reindex=reindex)
     return tally.total
 
 

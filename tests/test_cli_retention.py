@@ -371,23 +371,25 @@ def test_forget_matches_typed_json_and_strings_apart(people: str, capsys: pytest
 def test_forget_scrubs_unless_told_not_to_and_purge_only_when_told(
     people: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    scrubs: list[str] = []
+    scrubs: list[bool] = []
 
-    async def scrub(self: Database) -> None:
-        scrubs.append(self.url.render_as_string())
+    async def scrub(self: Database, *, reindex: bool = False) -> None:
+        scrubs.append(reindex)
 
     monkeypatch.setattr(Database, "scrub", scrub)
     for argv, scrubbed in [
-        (["forget", "--meta", "n:=42", "--no-scrub"], False),
-        (["forget", "--meta", "n=42"], True),
-        (["forget", "--meta", "vip=true", "--dry-run"], False),
-        (["purge", "--expired", "--older-than", "30d"], False),
-        (["purge", "--expired", "--scrub"], True),
-        (["purge", "--expired", "--scrub", "--dry-run"], False),
+        (["forget", "--meta", "n:=42", "--no-scrub"], []),
+        (["forget", "--meta", "n=42"], [False]),
+        (["forget", "--meta", "vip=true", "--dry-run"], []),
+        (["forget", "--meta", "vip:=true", "--reindex"], [True]),
+        (["forget", "--meta", "vip:=true"], []),  # nothing left to remove: nothing to scrub
+        (["purge", "--expired", "--older-than", "30d"], []),
+        (["purge", "--expired", "--scrub"], [False]),
+        (["purge", "--expired", "--scrub", "--dry-run"], []),
     ]:
         before = len(scrubs)
         assert memorm(capsys, *argv, "--url", people)[0] == 0
-        assert len(scrubs) - before == scrubbed, argv
+        assert scrubs[before:] == scrubbed, argv
 
 
 BAD_META = [

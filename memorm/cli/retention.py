@@ -165,7 +165,12 @@ async def _forget(args: argparse.Namespace) -> int:
     async with open_database(args.url) as db:
         with progress_bar() as progress:
             removed = await forget(
-                db, args.meta, dry_run=args.dry_run, scrub=not args.no_scrub, reporter=Bars(progress)
+                db,
+                args.meta,
+                dry_run=args.dry_run,
+                scrub=not args.no_scrub,
+                reindex=args.reindex,
+                reporter=Bars(progress),
             )
     _summary(removed, ("agents", "sessions", "messages", "passages"), dry_run=args.dry_run)
     return 0
@@ -216,6 +221,11 @@ def register(commands: Any) -> None:
     )
     forget_.add_argument(
         "--no-scrub", action="store_true", help="skip clearing the deleted rows' traces from the files"
+    )
+    forget_.add_argument(
+        "--reindex",
+        action="store_true",
+        help="Postgres: also rebuild the full-text indexes, which keep deleted words as keys",
     )
     forget_.set_defaults(handler=_forget)
     for command in (purge, forget_):
