@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.sql import ColumnElement
@@ -33,20 +34,15 @@ def _old(owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None) -> ColumnE
     return sa.and_(*scope)
 
 
-def _answers_of(head: sa.FromClause, answer: sa.FromClause) -> ColumnElement[bool]:
-    """``answer`` is a tool message that follows ``head`` (not a tool message) before any other role."""
-    between = MESSAGES.alias("between")
-    return sa.and_(
-        head.c.role != "tool",
-        answer.c.role == "tool",
-        answer.c.session_id == head.c.session_id,
-        answer.c.seq > head.c.seq,
-        ~sa.exists().where(
-            between.c.session_id == head.c.session_id,
-            between.c.seq > head.c.seq,
-            between.c.seq < answer.c.seq,
-            between.c.role != "tool",
-        ),
+def _previous(answer: sa.FromClause, column: str) -> sa.ScalarSelect[Any]:
+    """``column`` of the message before ``answer`` (by ``seq``) whose role is not ``tool``."""
+    head = MESSAGES.alias("head")
+    return (
+        sa.select(head.c[column])
+        .where(head.c.session_id == answer.c.session_id, head.c.seq < answer.c.seq, head.c.role != "tool")
+        .order_by(head.c.seq.desc())
+        .limit(1)
+        .scalar_subquery()
     )
 
 
@@ -97,26 +93,25 @@ class MessageRetention(Repository):
         ``expired_at``: leave out sessions expired at that instant (a purge of
         expired sessions runs first and takes their messages).
         """
-        head = MESSAGES.alias("head")
         answer = MESSAGES.alias("answer")
         live: list[ColumnElement[bool]] = []
-        live_heads: list[ColumnElement[bool]] = []
+        live_answers: list[ColumnElement[bool]] = []
         if expired_at is not None:
             expired = sa.select(SESSIONS.c.id).where(SESSIONS.c.expires_at <= expired_at).scalar_subquery()
             live.append(MESSAGES.c.session_id.not_in(expired))
-            live_heads.append(head.c.session_id.not_in(expired))
+            live_answers.append(answer.c.session_id.not_in(expired))
         old = await self._scalar(sa.select(sa.func.count()).where(_old(owner, instant, chat), *live))
         # Plus the answers (themselves newer) of the old messages.
         answers = await self._scalar(
-            sa.select(sa.func.count(sa.distinct(answer.c.id)))
-            .select_from(head)
-            .join(answer, _answers_of(head, answer))
+            sa.select(sa.func.count())
+            .select_from(answer)
             .where(
-                head.c.agent_id == owner,
-                head.c.created_at < instant,
-                *([head.c.session_id == chat] if chat is not None else []),
-                *live_heads,
+                answer.c.agent_id == owner,
+                answer.c.role == "tool",
                 answer.c.created_at >= instant,
+                *([answer.c.session_id == chat] if chat is not None else []),
+                *live_answers,
+                _previous(answer, "created_at") < instant,
             )
         )
         return int(old) + int(answers)
@@ -127,27 +122,30 @@ class MessageRetention(Repository):
         """Delete up to ``size`` old messages, oldest first, with their answers; returns how many went."""
         rows = (
             await self._execute(
-                sa.select(MESSAGES.c.id, MESSAGES.c.role)
+                sa.select(MESSAGES.c.id, MESSAGES.c.role, MESSAGES.c.session_id)
                 .where(_old(owner, instant, chat))
                 .order_by(MESSAGES.c.created_at)
                 .limit(size)
             )
         ).all()
         doomed: set[uuid.UUID] = {row.id for row in rows}
-        heads = [row.id for row in rows if row.role != "tool"]
-        head = MESSAGES.alias("head")
+        heads = [row for row in rows if row.role != "tool"]
         answer = MESSAGES.alias("answer")
-        for chunk in _chunks(heads):
+        for start in range(0, len(heads), _IDS_PER_STATEMENT):
+            chunk = heads[start : start + _IDS_PER_STATEMENT]
+            # Each tool message of these sessions looks back to its block's head (one
+            # index step): it goes if that head is among the doomed.
             found = await self._execute(
-                sa.select(answer.c.id)
-                .select_from(head)
-                .join(answer, _answers_of(head, answer))
-                .where(head.c.id.in_(chunk))
+                sa.select(answer.c.id).where(
+                    answer.c.session_id.in_(sorted({row.session_id for row in chunk})),
+                    answer.c.role == "tool",
+                    _previous(answer, "id").in_([row.id for row in chunk]),
+                )
             )
             doomed.update(found.scalars())
         deleted = 0
-        for chunk in _chunks(sorted(doomed)):
-            result = await self._execute(sa.delete(MESSAGES).where(MESSAGES.c.id.in_(chunk)))
+        for ids in _chunks(sorted(doomed)):
+            result = await self._execute(sa.delete(MESSAGES).where(MESSAGES.c.id.in_(ids)))
             deleted += int(result.rowcount)  # type: ignore[attr-defined]
         return deleted
 
