@@ -228,14 +228,13 @@ class AgentRepository(Repository):
             MESSAGES.c.session_id.in_(sessions), sa.and_(*compile_filter(dialect, MESSAGES, where))
         )
         passages = sa.or_(PASSAGES.c.agent_id.in_(agents), sa.and_(*compile_filter(dialect, PASSAGES, where)))
-        expected = Removed(
-            agents=await self._count(agents),
-            sessions=await self._count(sessions),
-            messages=await self._count(sa.select(MESSAGES.c.id).where(messages)),
-            passages=await self._count(sa.select(PASSAGES.c.id).where(passages)),
-        )
-        if dry_run or not expected.total:
-            return expected
+        if dry_run:
+            return Removed(
+                agents=await self._count(agents),
+                sessions=await self._count(sessions),
+                messages=await self._count(sa.select(MESSAGES.c.id).where(messages)),
+                passages=await self._count(sa.select(PASSAGES.c.id).where(passages)),
+            )
         # Every agent whose archive changes: bump its version and drop its cached vectors.
         owners = set(
             (await self._execute(sa.select(PASSAGES.c.agent_id).where(passages).distinct())).scalars()
