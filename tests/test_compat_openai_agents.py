@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from datetime import datetime, timedelta
 from typing import Any
 
 import agents
@@ -54,6 +55,7 @@ import memorm.compat.openai_agents as adapter
 from memorm import Database, ValidationError
 from memorm.compat.openai_agents import ITEM_KEY, MemormSession
 from memorm.repositories import MessageRepository
+from memorm.types import utcnow
 from tests.conftest import Store, count_rows
 
 pytestmark = pytest.mark.anyio
@@ -373,6 +375,31 @@ async def test_pop_item_removes_and_returns_the_newest_item(db: Database) -> Non
         assert await session.pop_item() == expected
     assert await session.pop_item() is None
     assert await count_rows(db, "messages") == 0
+
+
+async def test_ttl_renews_the_sessions_expiry_on_every_write(db: Database) -> None:
+    agent_id = await _agent(db)
+    session = MemormSession("brief", db, agent=agent_id, ttl=timedelta(hours=1))
+    await session.add_items([{"role": "user", "content": "hello"}])
+    first = await _expiry(db, agent_id, "brief")
+    await session.add_items([{"role": "user", "content": "again"}])
+    renewed = await _expiry(db, agent_id, "brief")
+    assert utcnow() + timedelta(minutes=59) < renewed <= utcnow() + timedelta(hours=1)
+    assert renewed > first
+    async with db.unit_of_work() as uow:
+        assert (await uow.sessions.purge_expired(now=renewed - timedelta(seconds=1))).sessions == 0
+        assert (await uow.sessions.purge_expired(now=renewed)).messages == 2
+    assert await session.get_items() == []
+    with pytest.raises(ValidationError):
+        MemormSession("brief", db, agent=agent_id, ttl=-5)
+
+
+async def _expiry(db: Database, agent_id: Any, key: str) -> datetime:
+    async with db.unit_of_work(read_only=True) as uow:
+        chat = await uow.sessions.get_by_key(agent_id, key)
+    assert chat is not None
+    assert chat.expires_at is not None
+    return chat.expires_at
 
 
 async def test_concurrent_pops_never_return_the_same_item(db: Database) -> None:

@@ -37,6 +37,7 @@ import contextlib
 import json
 import uuid
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from agents.items import TResponseInputItem
@@ -47,7 +48,7 @@ from memorm.db import Database
 from memorm.errors import NotFoundError, ValidationError
 from memorm.models import Agent, Message
 from memorm.uow import UnitOfWork
-from memorm.validation import as_uuid
+from memorm.validation import as_uuid, check_duration
 
 if TYPE_CHECKING:
     from agents.memory import Session
@@ -139,6 +140,11 @@ class MemormSession:
         agent: the memorm agent (or its id) owning the session.
         session_settings: the SDK's settings; ``limit`` bounds ``get_items()``
             when it is called without one.
+        ttl: a ``timedelta`` or seconds: every ``add_items`` moves the
+            session's expiry to ``ttl`` from then (as ``RedisSession``'s
+            ``ttl`` does), so a conversation idle that long is deleted by the
+            next ``purge_expired``.  Without it, the agent's ``retention``
+            applies, if any.
 
     Every method is one unit of work.  ``clear_session`` deletes the messages
     but keeps the memorm session (its title and ``meta`` are the app's).
@@ -160,8 +166,10 @@ class MemormSession:
         *,
         agent: Agent | uuid.UUID | str,
         session_settings: SessionSettings | dict[str, Any] | None = None,
+        ttl: timedelta | float | None = None,
     ) -> None:
         self.session_id = session_id
+        self.ttl = None if ttl is None else check_duration(ttl, "ttl")
         self.db = db
         self.agent_id = as_uuid(agent.id if isinstance(agent, Agent) else agent, "agent")
         self.session_settings = (
@@ -201,6 +209,8 @@ class MemormSession:
         async with self.db.unit_of_work() as uow:
             chat = await uow.sessions.get_or_create(self.agent_id, self.session_id)
             await uow.messages.append(chat.id, messages)
+            if self.ttl is not None:
+                await uow.sessions.touch(chat.id, ttl=self.ttl)
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove and return the newest item; None when the session is empty."""
