@@ -138,6 +138,8 @@ async def _chats(url: str) -> None:
         short = await uow.sessions.create(sam.id, title="short chat")
         long = await uow.sessions.create(ada.id, title="long chat")
         await uow.sessions.create(ada.id)  # empty, untitled
+        gone = await uow.sessions.create(ada.id, title="expired chat")
+        await uow.sessions.touch(gone.id, ttl=1, now=datetime(2020, 1, 1, tzinfo=timezone.utc))
         await uow.messages.append(short.id, [{"role": "user", "content": f"hi {n}"} for n in range(3)])
         await uow.messages.append(long.id, [{"role": "user", "content": f"hello {n}"} for n in range(7)])
         await uow.passages.add(sam.id, "a fact", [1.0, 0.0, 0.0])
@@ -153,8 +155,9 @@ def test_stats_counts_rows_and_ranks_sessions(upgraded: str, capsys: pytest.Capt
     run(_chats(upgraded))
     code, out, err = memorm(capsys, "stats", "--url", upgraded)
     assert (code, err) == (0, "")
-    for table, count in {"agents": 2, "sessions": 3, "messages": 10, "archival_passages": 2}.items():
+    for table, count in {"agents": 2, "sessions": 4, "messages": 10, "archival_passages": 2}.items():
         assert _row(out, table, str(count)), out
+    assert "sessions past their expiry, awaiting `memorm purge --expired`: 1" in out
     assert _row(out, "embedding_models", "1")
     assert out.index("long chat") < out.index("short chat")  # largest first
     assert re.search(r"│ ada\s+│ long chat\s+│ [0-9a-f-]{36} │\s+7 │", out), out

@@ -16,6 +16,7 @@ from memorm.db import Database
 from memorm.migrate import check_drift
 from memorm.models import AGENTS, MESSAGES, SESSIONS, metadata
 from memorm.translate import READ_ONLY
+from memorm.types import utcnow
 
 __all__ = ["register", "run_check"]
 
@@ -78,6 +79,10 @@ async def _stats(args: argparse.Namespace) -> int:
                     .limit(TOP_SESSIONS)
                 )
             ).all()
+            expired = int(
+                await connection.scalar(sa.select(sa.func.count()).where(SESSIONS.c.expires_at <= utcnow()))
+                or 0
+            )
             size = await _database_size(db, connection)
         where = db.url.render_as_string(hide_password=True)
 
@@ -91,6 +96,8 @@ async def _stats(args: argparse.Namespace) -> int:
     for name, count in counts.items():
         rows.add_row(name, str(count))
     console.print(rows)
+    if expired:
+        console.print(f"sessions past their expiry, awaiting `memorm purge --expired`: {expired}")
     sessions = Table(title=f"largest sessions (top {TOP_SESSIONS})")
     sessions.add_column("agent")
     sessions.add_column("title")
