@@ -261,15 +261,9 @@ def _plain(value: Any) -> Any:
 
 
 def _same_json(got: Any, want: Any) -> bool:
-    """Equality where ``True`` is not ``1``; ``1e16`` may come back as ``10**16`` (jsonb numerics)."""
-    numbers = (int, float)
-    if isinstance(got, bool) or isinstance(want, bool) or not isinstance(got, numbers):
-        if type(got) is not type(want):
-            return False
-    elif not isinstance(want, numbers) or isinstance(want, bool):
+    """Equality where the types match too: ``True`` is not ``1``, nor ``1e16`` ``10**16``."""
+    if type(got) is not type(want):
         return False
-    elif isinstance(want, float) and isinstance(got, int):
-        return float(got) == want  # the jsonb float-to-int drift pinned by test_large_floats_keep_their_type
     if isinstance(want, dict):
         return got.keys() == want.keys() and all(_same_json(got[k], want[k]) for k in want)
     if isinstance(want, list):
@@ -327,21 +321,24 @@ async def test_metadata_round_trips_or_is_rejected(db: Database, engine: str, me
             assert _same_json((await uow.passages.get(passage.id)).meta, want)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (Postgres): jsonb numerics print floats >= 1e16 as integers, so meta "
-    "{'f': 4.52645036868697e16} reads back as the int 45264503686869700 "
-    "(another type, and not the same value)",
-)
-async def test_large_floats_keep_their_type(db: Database, engine: str) -> None:
-    if engine == "sqlite":
-        pytest.xfail("SQLite keeps floats; the bug is Postgres-only")  # keeps strict xfail honest
+async def test_large_floats_keep_their_type(db: Database) -> None:
+    # jsonb keeps a numeric's scale but not its exponent: 4.5e16 written as such
+    # came back as the int 45264503686869700, so memorm writes it with a point.
+    floats = {"f": 4.52645036868697e16, "g": -1e16, "h": 1.7976931348623157e308, "text": "4.5e+16"}
     async with db.unit_of_work() as uow:
-        agent = await uow.agents.create("floats", meta={"f": 4.52645036868697e16})
+        agent = await uow.agents.create("floats", meta=floats)
+        chat = await uow.sessions.create(agent.id)
+        # 64 rows: the Postgres bulk path (COPY) serialises too.
+        rows = [{"role": "tool", "content": "", "tool_call_id": "c", "meta": floats}] * 64
+        await uow.messages.append(chat.id, rows)
     async with db.unit_of_work(read_only=True) as uow:
-        got = (await uow.agents.get(agent.id)).meta["f"]
-    assert type(got) is float
-    assert got == 4.52645036868697e16
+        stored = (await uow.agents.get(agent.id)).meta
+        window = await uow.messages.window(chat.id, limit=64)
+        matched = await uow.agents.forget({"f": 4.52645036868697e16}, dry_run=True)
+    for got in (stored, *(message.meta for message in window)):
+        assert got == floats
+        assert all(type(got[key]) is type(value) for key, value in floats.items())
+    assert matched.agents == 1  # a filter on the float finds it
 
 
 # -- search -----------------------------------------------------------------------
