@@ -148,6 +148,9 @@ async def purge_older_than(
         return expected
     tally = _Tally(reporter, expected, ("messages", "passages"))
     for owner in owners:
+        async with db.unit_of_work() as uow:
+            count = await uow.messages._delete_answers(owner, instant, None)
+        tally.add(Removed(messages=count))
         while True:
             async with db.unit_of_work() as uow:
                 count = await uow.messages._delete_old_batch(owner, instant, None, size)

@@ -9,7 +9,6 @@ up to the session's next message of another role.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -24,7 +23,6 @@ from memorm.validation import as_uuid, check_aware
 __all__ = ["MessageRetention"]
 
 OLD_BATCH = 10_000  # messages per DELETE in delete_before
-_IDS_PER_STATEMENT = 5_000  # bound parameters stay far below asyncpg's 32,767
 
 
 def _old(owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None) -> ColumnElement[bool]:
@@ -43,6 +41,23 @@ def _previous(answer: sa.FromClause, column: str) -> sa.ScalarSelect[Any]:
         .order_by(head.c.seq.desc())
         .limit(1)
         .scalar_subquery()
+    )
+
+
+def _newer_answers(
+    answer: sa.FromClause, owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None
+) -> ColumnElement[bool]:
+    """``answer`` is a tool message from ``instant`` on whose block's head is older.
+
+    Each candidate looks back one step on the ``(session_id, seq)`` index to the
+    nearest message of another role: the head of its tool-call block.
+    """
+    return sa.and_(
+        answer.c.agent_id == owner,
+        answer.c.created_at >= instant,
+        answer.c.role == "tool",
+        *([answer.c.session_id == chat] if chat is not None else []),
+        _previous(answer, "created_at") < instant,
     )
 
 
@@ -72,7 +87,7 @@ class MessageRetention(Repository):
         await self._scope_owner(owner, chat)
         if dry_run:
             return await self._count_old(owner, instant, chat)
-        deleted = 0
+        deleted = await self._delete_answers(owner, instant, chat)
         while count := await self._delete_old_batch(owner, instant, chat, OLD_BATCH):
             deleted += count
         return deleted
@@ -94,61 +109,31 @@ class MessageRetention(Repository):
         expired sessions runs first and takes their messages).
         """
         answer = MESSAGES.alias("answer")
-        live: list[ColumnElement[bool]] = []
-        live_answers: list[ColumnElement[bool]] = []
+        old = sa.select(sa.func.count()).where(_old(owner, instant, chat))
+        answers = sa.select(sa.func.count()).where(_newer_answers(answer, owner, instant, chat))
         if expired_at is not None:
             expired = sa.select(SESSIONS.c.id).where(SESSIONS.c.expires_at <= expired_at).scalar_subquery()
-            live.append(MESSAGES.c.session_id.not_in(expired))
-            live_answers.append(answer.c.session_id.not_in(expired))
-        old = await self._scalar(sa.select(sa.func.count()).where(_old(owner, instant, chat), *live))
-        # Plus the answers (themselves newer) of the old messages.
-        answers = await self._scalar(
-            sa.select(sa.func.count())
-            .select_from(answer)
-            .where(
-                answer.c.agent_id == owner,
-                answer.c.role == "tool",
-                answer.c.created_at >= instant,
-                *([answer.c.session_id == chat] if chat is not None else []),
-                *live_answers,
-                _previous(answer, "created_at") < instant,
-            )
-        )
-        return int(old) + int(answers)
+            old = old.where(MESSAGES.c.session_id.not_in(expired))
+            answers = answers.where(answer.c.session_id.not_in(expired))
+        return int(await self._scalar(old)) + int(await self._scalar(answers))
+
+    async def _delete_answers(self, owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None) -> int:
+        """Delete the newer tool answers of old messages (before those go: the answers are found by them)."""
+        answer = MESSAGES.alias("answer")
+        found = sa.select(answer.c.id).where(_newer_answers(answer, owner, instant, chat))
+        result = await self._execute(sa.delete(MESSAGES).where(MESSAGES.c.id.in_(found.scalar_subquery())))
+        return int(result.rowcount)  # type: ignore[attr-defined]
 
     async def _delete_old_batch(
         self, owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None, size: int
     ) -> int:
-        """Delete up to ``size`` old messages, oldest first, with their answers; returns how many went."""
-        rows = (
-            await self._execute(
-                sa.select(MESSAGES.c.id, MESSAGES.c.role, MESSAGES.c.session_id)
-                .where(_old(owner, instant, chat))
-                .order_by(MESSAGES.c.created_at)
-                .limit(size)
-            )
-        ).all()
-        doomed: set[uuid.UUID] = {row.id for row in rows}
-        heads = [row for row in rows if row.role != "tool"]
-        answer = MESSAGES.alias("answer")
-        for start in range(0, len(heads), _IDS_PER_STATEMENT):
-            chunk = heads[start : start + _IDS_PER_STATEMENT]
-            # Each tool message of these sessions looks back to its block's head (one
-            # index step): it goes if that head is among the doomed.
-            found = await self._execute(
-                sa.select(answer.c.id).where(
-                    answer.c.session_id.in_(sorted({row.session_id for row in chunk})),
-                    answer.c.role == "tool",
-                    _previous(answer, "id").in_([row.id for row in chunk]),
-                )
-            )
-            doomed.update(found.scalars())
-        deleted = 0
-        for ids in _chunks(sorted(doomed)):
-            result = await self._execute(sa.delete(MESSAGES).where(MESSAGES.c.id.in_(ids)))
-            deleted += int(result.rowcount)  # type: ignore[attr-defined]
-        return deleted
-
-
-def _chunks(ids: Sequence[uuid.UUID]) -> list[Sequence[uuid.UUID]]:
-    return [ids[start : start + _IDS_PER_STATEMENT] for start in range(0, len(ids), _IDS_PER_STATEMENT)]
+        """Delete up to ``size`` messages created before ``instant``, oldest first; returns how many."""
+        doomed = (
+            sa.select(MESSAGES.c.id)
+            .where(_old(owner, instant, chat))
+            .order_by(MESSAGES.c.created_at)
+            .limit(size)
+            .scalar_subquery()
+        )
+        result = await self._execute(sa.delete(MESSAGES).where(MESSAGES.c.id.in_(doomed)))
+        return int(result.rowcount)  # type: ignore[attr-defined]
