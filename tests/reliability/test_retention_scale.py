@@ -561,3 +561,37 @@ async def test_scrub_with_reindex_removes_the_words_from_the_full_text_index(
     assert SECRET.encode() not in rebuilt
     assert KEPT.encode() in rebuilt  # the probe finds what is still indexed
     await _check_forgotten(db)
+
+
+async def test_a_purge_cancelled_at_any_moment_deletes_whole_sessions_and_a_rerun_finishes(
+    db: Database,
+) -> None:
+    # Cancel the batched purge after ever longer delays: whatever it had
+    # committed stays gone, the batch in flight rolls back whole, and no
+    # session is ever left with part of its messages.
+    now = utcnow()
+    async with db.unit_of_work() as uow:
+        agent = (await uow.agents.create("short-lived")).id
+        sessions = [(await uow.sessions.create(agent, ttl=60)).id for _ in range(60)]
+        for chat in sessions:
+            await uow.messages.append(chat, [{"role": "user", "content": f"m {n}"} for n in range(20)])
+    later = now + timedelta(minutes=5)
+    reported = Recorder([])  # a batch is reported once committed, so the reports add up to 60
+    cancelled = 0
+    delay = 0.001
+    while True:
+        with anyio.move_on_after(delay) as scope:
+            await purge_expired(db, now=later, batch=4, reporter=reported)
+        async with db.unit_of_work(read_only=True) as uow:
+            left = (await uow.sessions.list(agent, limit=100)).items
+            sizes = {await uow.messages.count(chat.id) for chat in left}
+        assert sizes <= {20}, f"a session lost part of its messages: {sizes}"
+        assert await count_rows(db, "messages") == 20 * len(left)
+        if not scope.cancelled_caught:
+            break
+        cancelled += 1
+        delay *= 1.6
+    assert cancelled >= 3  # the purge really was cut short, more than once
+    assert reported.totals() == {"sessions": 60, "messages": 1200}
+    assert left == []
+    assert await count_rows(db, "sessions") == 0
