@@ -1,4 +1,4 @@
-"""Forgetting beside live writers: forget takes its locks in the writers' order, so nobody deadlocks.
+"""Deleting beside live writers: forget and delete_before lock in the writers' order, so nobody deadlocks.
 
 On Postgres a deadlock aborts one side with a ``ConflictError`` ("deadlock
 detected"); on SQLite writers queue for the one write lock, so these tests pin
@@ -8,11 +8,13 @@ the same outcome there by construction.
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 import anyio
 import pytest
 
 from memorm import Database, NotFoundError
+from memorm.types import utcnow
 
 pytestmark = pytest.mark.anyio
 
@@ -113,3 +115,40 @@ async def test_forget_waits_for_a_writer_holding_the_session_instead_of_deadlock
 async def _left(db: Database, agent_id: uuid.UUID) -> int:
     async with db.unit_of_work(read_only=True) as uow:
         return await uow.passages.count(agent_id) + (await uow.sessions.list(agent_id)).total
+
+
+async def test_delete_before_waits_for_a_writer_holding_the_session(db: Database) -> None:
+    # delete_before locks the sessions it deletes from first, as appends and trims
+    # do; deleting rows straight away instead let a concurrent trim, deleting the
+    # same rows in another order, deadlock with it (Postgres: about 1 run in 15).
+    now = utcnow()
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create("aging")
+        chat = await uow.sessions.create(agent.id)
+        old = [
+            {"role": "user", "content": f"m {n}", "created_at": now - timedelta(days=9)} for n in range(50)
+        ]
+        await uow.messages.append(chat.id, old)
+    locked = anyio.Event()
+    order: list[str] = []
+
+    async def writer() -> None:
+        async with db.unit_of_work() as uow:
+            await uow.messages.append(chat.id, {"role": "user", "content": "new"})
+            locked.set()
+            await anyio.sleep(0.3)  # delete_before starts meanwhile
+            assert await uow.messages.trim(chat.id, keep_last=11) == 40
+        order.append("writer")
+
+    async def aging() -> None:
+        await locked.wait()
+        async with db.unit_of_work() as uow:
+            assert await uow.messages.delete_before(agent.id, now - timedelta(days=1)) == 10
+        order.append("delete_before")
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(writer)
+        group.start_soon(aging)
+    assert order == ["writer", "delete_before"]
+    async with db.unit_of_work(read_only=True) as uow:
+        assert [m.content for m in await uow.messages.window(chat.id)] == ["new"]

@@ -121,8 +121,24 @@ class MessageRetention(Repository):
         """Delete the newer tool answers of old messages (before those go: the answers are found by them)."""
         answer = MESSAGES.alias("answer")
         found = sa.select(answer.c.id).where(_newer_answers(answer, owner, instant, chat))
+        await self._lock_sessions(
+            sa.select(answer.c.session_id).where(answer.c.id.in_(found.scalar_subquery()))
+        )
         result = await self._execute(sa.delete(MESSAGES).where(MESSAGES.c.id.in_(found.scalar_subquery())))
         return int(result.rowcount)  # type: ignore[attr-defined]
+
+    async def _lock_sessions(self, sessions: sa.Select[Any]) -> None:
+        """Lock these sessions, in id order, before deleting their messages.
+
+        Appends and trims lock the session first too, so a concurrent trim
+        queues behind this delete instead of deadlocking with it row by row.
+        """
+        await self._execute(
+            sa.select(SESSIONS.c.id)
+            .where(SESSIONS.c.id.in_(sessions.scalar_subquery()))
+            .order_by(SESSIONS.c.id)
+            .with_for_update()
+        )
 
     async def _delete_old_batch(
         self, owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None, size: int
@@ -135,5 +151,6 @@ class MessageRetention(Repository):
             .limit(size)
             .scalar_subquery()
         )
+        await self._lock_sessions(sa.select(MESSAGES.c.session_id).where(MESSAGES.c.id.in_(doomed)))
         result = await self._execute(sa.delete(MESSAGES).where(MESSAGES.c.id.in_(doomed)))
         return int(result.rowcount)  # type: ignore[attr-defined]
