@@ -145,12 +145,12 @@ class MessageRetention(Repository):
     ) -> int:
         """Delete up to ``size`` messages created before ``instant``, oldest first; returns how many."""
         doomed = (
-            sa.select(MESSAGES.c.id)
+            sa.select(MESSAGES.c.id, MESSAGES.c.session_id)
             .where(_old(owner, instant, chat))
             .order_by(MESSAGES.c.created_at)
             .limit(size)
-            .scalar_subquery()
+            .subquery()
         )
-        await self._lock_sessions(sa.select(MESSAGES.c.session_id).where(MESSAGES.c.id.in_(doomed)))
-        result = await self._execute(sa.delete(MESSAGES).where(MESSAGES.c.id.in_(doomed)))
+        await self._lock_sessions(sa.select(doomed.c.session_id))
+        result = await self._execute(sa.delete(MESSAGES).where(MESSAGES.c.id.in_(sa.select(doomed.c.id))))
         return int(result.rowcount)  # type: ignore[attr-defined]
