@@ -122,12 +122,12 @@ class MessageRetention(Repository):
         answer = MESSAGES.alias("answer")
         found = sa.select(answer.c.id).where(_newer_answers(answer, owner, instant, chat))
         await self._lock_sessions(
-            sa.select(answer.c.session_id).where(answer.c.id.in_(found.scalar_subquery()))
+            owner, sa.select(answer.c.session_id).where(_newer_answers(answer, owner, instant, chat))
         )
         result = await self._execute(sa.delete(MESSAGES).where(MESSAGES.c.id.in_(found.scalar_subquery())))
         return int(result.rowcount)  # type: ignore[attr-defined]
 
-    async def _lock_sessions(self, sessions: sa.Select[Any]) -> None:
+    async def _lock_sessions(self, owner: uuid.UUID, sessions: sa.Select[Any]) -> None:
         """Lock these sessions, in id order, before deleting their messages.
 
         Appends and trims lock the session first too, so a concurrent trim
@@ -135,7 +135,7 @@ class MessageRetention(Repository):
         """
         await self._execute(
             sa.select(SESSIONS.c.id)
-            .where(SESSIONS.c.id.in_(sessions.scalar_subquery()))
+            .where(SESSIONS.c.agent_id == owner, SESSIONS.c.id.in_(sessions.scalar_subquery()))
             .order_by(SESSIONS.c.id)
             .with_for_update()
         )
@@ -151,6 +151,6 @@ class MessageRetention(Repository):
             .limit(size)
             .subquery()
         )
-        await self._lock_sessions(sa.select(doomed.c.session_id))
+        await self._lock_sessions(owner, sa.select(doomed.c.session_id))
         result = await self._execute(sa.delete(MESSAGES).where(MESSAGES.c.id.in_(sa.select(doomed.c.id))))
         return int(result.rowcount)  # type: ignore[attr-defined]
