@@ -73,6 +73,8 @@ from benchmarks.common import Row, Samples, Store, format_seconds, store, timed
 from memorm import Database
 from memorm.ids import uuid7
 from memorm.retention import Removed, purge_expired
+from memorm.transfer.rows import TABLES as MEMORM_TABLES
+from memorm.transfer.rows import column_names
 from memorm.types.json import dumps
 
 NAME = "retention"
@@ -81,60 +83,8 @@ NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)  # the purge's "now"; the data is 
 DIM = 384
 MODEL = "default"
 
-COLUMNS: dict[str, tuple[str, ...]] = {
-    "agents": (
-        "id",
-        "created_at",
-        "updated_at",
-        "meta",
-        "name",
-        "system",
-        "core_memory",
-        "llm_config",
-        "version",
-        "archive_version",
-        "retention",
-    ),
-    "embedding_models": ("id", "created_at", "updated_at", "meta", "agent_id", "name", "dim", "precision"),
-    "sessions": (
-        "id",
-        "created_at",
-        "updated_at",
-        "meta",
-        "agent_id",
-        "title",
-        "key",
-        "next_seq",
-        "expires_at",
-    ),
-    "messages": (
-        "id",
-        "created_at",
-        "updated_at",
-        "meta",
-        "session_id",
-        "agent_id",
-        "seq",
-        "role",
-        "content",
-        "name",
-        "tool_calls",
-        "tool_call_id",
-        "token_count",
-    ),
-    "archival_passages": (
-        "id",
-        "created_at",
-        "updated_at",
-        "meta",
-        "agent_id",
-        "text",
-        "embedding",
-        "embedding_half",
-        "embedding_model",
-        "embedding_dim",
-    ),
-}
+# Every column of memorm's tables, in the order rows are copied; parents before children.
+COLUMNS = {table.name: column_names(table) for table in MEMORM_TABLES}
 TABLES = tuple(COLUMNS)  # parents before children
 FTS_TABLES = ("messages_fts", "archival_passages_fts")  # SQLite
 JSON_COLUMNS = frozenset({"meta", "core_memory", "llm_config", "tool_calls"})

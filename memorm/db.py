@@ -24,9 +24,12 @@ from sqlalchemy.util import await_only
 
 from memorm.config import resolve_url
 from memorm.errors import DatabaseError, MemormError, SchemaError
+from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS
+from memorm.search.fts_ddl import FTS_INDEXES
+from memorm.search.text import merge_deleted
 from memorm.search.vector import VectorCache
 from memorm.tokens import TokenCounter, estimate_tokens
-from memorm.translate import READ_ONLY, translate
+from memorm.translate import READ_ONLY, translate, translating
 from memorm.types.json import dumps, loads
 
 if TYPE_CHECKING:
@@ -172,11 +175,6 @@ class Database:
         reads the whole table) so not even the words remain.  Backups and
         archived WAL are out of its reach (docs/retention.md).
         """
-
-        from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS
-        from memorm.search.fts_ddl import FTS_INDEXES
-        from memorm.search.text import merge_deleted
-        from memorm.translate import translating
 
         await self.check_schema()
         if self.dialect == "sqlite":

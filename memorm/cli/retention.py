@@ -22,13 +22,12 @@ from memorm.errors import ValidationError
 from memorm.progress import Reporter
 from memorm.retention import MAX_BATCH, Removed, forget, purge_expired, purge_older_than
 from memorm.types import utcnow
-from memorm.validation import check_json
+from memorm.validation import check_duration, check_json
 
 __all__ = ["duration", "meta_condition", "register"]
 
 _DURATION = re.compile(r"([0-9]{1,12})([smhdw])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-_LONGEST = timedelta(days=365 * 1000)
 # Keys as memorm.search.filters takes them, so neither ':' nor '=' can be in one.
 _META = re.compile(r"([A-Za-z0-9_-]{1,64})(:?=)(.*)", re.DOTALL)
 
@@ -41,15 +40,12 @@ def duration(text: str) -> timedelta:
             f"expected a whole number and a unit s, m, h, d or w (90m, 12h, 30d, 2w), got {text!r}"
         )
     number, unit = int(found.group(1)), found.group(2)
-    if number == 0:
-        raise argparse.ArgumentTypeError(f"expected a positive duration, got {text!r}")
     try:
-        span = timedelta(**{_UNITS[unit]: number})
-    except OverflowError:
-        span = _LONGEST + _LONGEST
-    if span > _LONGEST:
-        raise argparse.ArgumentTypeError(f"expected at most 1,000 years, got {text!r}")
-    return span
+        return check_duration(timedelta(**{_UNITS[unit]: number}), "duration")
+    except (OverflowError, ValidationError):  # 0, or past 1,000 years (or timedelta's range)
+        raise argparse.ArgumentTypeError(
+            f"expected a positive duration of at most 1,000 years, got {text!r}"
+        ) from None
 
 
 def _reject_constant(name: str) -> NoReturn:

@@ -14,10 +14,9 @@ from memorm.models import AGENTS, MESSAGES, PASSAGES, SESSIONS, Agent
 from memorm.page import Page
 from memorm.repositories.base import Repository
 from memorm.retention import Removed
-from memorm.search.filters import Filter, compile_filter
+from memorm.search.filters import Filter, filter_conditions
 from memorm.search.fts_ddl import MESSAGES_FTS, PASSAGES_FTS
 from memorm.search.text import merge_deleted
-from memorm.search.vector import ARCHIVE_WRITES
 from memorm.types import utcnow
 from memorm.validation import as_uuid, check_duration, check_json_object, check_text
 
@@ -194,11 +193,11 @@ class AgentRepository(Repository):
     async def delete(self, agent_id: uuid.UUID | str) -> None:
         """Delete the agent with its sessions, messages and passages."""
         key = as_uuid(agent_id, "agent_id")
-        self.session.info.setdefault(ARCHIVE_WRITES, set()).add(key)  # its cached vectors go too
-        result = await self._execute(
+        self._archive_changed(key)  # its cached vectors go too
+        deleted = await self._rowcount(
             sa.delete(Agent).where(AGENTS.c.id == key).execution_options(synchronize_session=False)
         )
-        if result.rowcount == 0:  # type: ignore[attr-defined]
+        if deleted == 0:
             raise NotFoundError(f"no agent {key}")
 
     async def forget(self, where: Filter, *, dry_run: bool = False) -> Removed:
@@ -219,15 +218,14 @@ class AgentRepository(Repository):
         """
         if not isinstance(where, Mapping) or not any(key != "created_at" for key in where):
             raise ValidationError("where: forget needs at least one meta key, such as {'user_id': 'u42'}")
-        dialect = (await self.session.connection()).dialect.name
-        agents = sa.select(AGENTS.c.id).where(*compile_filter(dialect, AGENTS, where))
-        sessions = sa.select(SESSIONS.c.id).where(
-            sa.or_(SESSIONS.c.agent_id.in_(agents), sa.and_(*compile_filter(dialect, SESSIONS, where)))
-        )
-        messages = sa.or_(
-            MESSAGES.c.session_id.in_(sessions), sa.and_(*compile_filter(dialect, MESSAGES, where))
-        )
-        passages = sa.or_(PASSAGES.c.agent_id.in_(agents), sa.and_(*compile_filter(dialect, PASSAGES, where)))
+        agents = sa.select(AGENTS.c.id).where(*await filter_conditions(self.session, AGENTS, where))
+        tagged = {
+            table.name: sa.and_(*await filter_conditions(self.session, table, where))
+            for table in (SESSIONS, MESSAGES, PASSAGES)
+        }
+        sessions = sa.select(SESSIONS.c.id).where(sa.or_(SESSIONS.c.agent_id.in_(agents), tagged["sessions"]))
+        messages = sa.or_(MESSAGES.c.session_id.in_(sessions), tagged["messages"])
+        passages = sa.or_(PASSAGES.c.agent_id.in_(agents), tagged["archival_passages"])
         if dry_run:
             return Removed(
                 agents=await self._count(agents),
@@ -240,7 +238,7 @@ class AgentRepository(Repository):
             (await self._execute(sa.select(PASSAGES.c.agent_id).where(passages).distinct())).scalars()
         )
         doomed = list((await self._execute(agents)).scalars())
-        self.session.info.setdefault(ARCHIVE_WRITES, set()).update(owners, doomed)
+        self._archive_changed(*owners, *doomed)
         # Lock as writers do, parents first (agents, then sessions, then their rows), so
         # a concurrent trim or delete_many queues behind this instead of deadlocking.
         await self._execute(
@@ -248,25 +246,14 @@ class AgentRepository(Repository):
             .where(AGENTS.c.id.in_(sorted(owners.union(doomed))))
             .values(archive_version=AGENTS.c.archive_version + 1)
         )
-        await self._execute(
-            sa.select(SESSIONS.c.id)
-            .where(SESSIONS.c.id.in_(sessions))
-            .order_by(SESSIONS.c.id)
-            .with_for_update()
-        )
+        await self._lock_sessions(SESSIONS.c.id.in_(sessions))
         removed = Removed(
-            messages=await self._delete(sa.delete(MESSAGES).where(messages)),
-            passages=await self._delete(sa.delete(PASSAGES).where(passages)),
-            sessions=await self._delete(sa.delete(SESSIONS).where(SESSIONS.c.id.in_(sessions))),
-            agents=await self._delete(sa.delete(AGENTS).where(AGENTS.c.id.in_(doomed))),
+            messages=await self._rowcount(sa.delete(MESSAGES).where(messages)),
+            passages=await self._rowcount(sa.delete(PASSAGES).where(passages)),
+            sessions=await self._rowcount(sa.delete(SESSIONS).where(SESSIONS.c.id.in_(sessions))),
+            agents=await self._rowcount(sa.delete(AGENTS).where(AGENTS.c.id.in_(doomed))),
         )
         for index, count in ((MESSAGES_FTS, removed.messages), (PASSAGES_FTS, removed.passages)):
             if count:
                 await merge_deleted(self.session, index)
         return removed
-
-    async def _count(self, query: sa.Select[Any]) -> int:
-        return int(await self._scalar(sa.select(sa.func.count()).select_from(query.subquery())))
-
-    async def _delete(self, statement: sa.Delete) -> int:
-        return int((await self._execute(statement)).rowcount)  # type: ignore[attr-defined]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -9,9 +10,12 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Result
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.sql import Executable, Select
+from sqlalchemy.sql import ColumnElement, Executable, Select
 
+from memorm.errors import NotFoundError
+from memorm.models import AGENTS, SESSIONS
 from memorm.page import Page
+from memorm.search.vector import ARCHIVE_WRITES
 from memorm.translate import check_writable, guarded
 from memorm.validation import check_limit
 
@@ -36,6 +40,37 @@ class Repository:
         async with guarded(self.session):
             return await self.session.scalar(statement)
 
+    async def _rowcount(self, statement: Executable) -> int:
+        """Run an INSERT, UPDATE or DELETE; how many rows it changed."""
+        result = await self._execute(statement)
+        return int(result.rowcount)  # type: ignore[attr-defined]
+
+    async def _count(self, query: Select[Any]) -> int:
+        """How many rows ``query`` returns."""
+        counted = query.order_by(None).subquery()
+        return int(await self._scalar(sa.select(sa.func.count()).select_from(counted)) or 0)
+
+    async def _require_agent(self, key: uuid.UUID) -> None:
+        """``NotFoundError`` unless the agent exists."""
+        if await self._scalar(sa.select(AGENTS.c.id).where(AGENTS.c.id == key)) is None:
+            raise NotFoundError(f"no agent {key}")
+
+    def _archive_changed(self, *agent_ids: uuid.UUID) -> None:
+        """Note agents whose archival passages this unit of work changed (or deleted).
+
+        Vector caches bypass them until the commit, which then evicts them.
+        """
+        self.session.info.setdefault(ARCHIVE_WRITES, set()).update(agent_ids)
+
+    async def _lock_sessions(self, *where: ColumnElement[bool]) -> None:
+        """Lock the sessions matching ``where``, in id order, before deleting their rows.
+
+        Writers (appends, trims) lock a session before its messages; deleting
+        in the same order makes a concurrent writer queue instead of deadlock.
+        SQLite ignores it: its writers queue for the one write lock anyway.
+        """
+        await self._execute(sa.select(SESSIONS.c.id).where(*where).order_by(SESSIONS.c.id).with_for_update())
+
     @asynccontextmanager
     async def _savepoint(self) -> AsyncIterator[None]:
         """Run a write that may break a constraint without poisoning the transaction.
@@ -51,7 +86,6 @@ class Repository:
     async def _page(self, query: Select[Any], *, limit: int, offset: int) -> Page[Any]:
         """One page of ``query`` (already ordered) with its true total."""
         check_limit(limit, offset)
-        counted = query.order_by(None).subquery()
-        total = await self._scalar(sa.select(sa.func.count()).select_from(counted))
+        total = await self._count(query)
         items = list((await self._execute(query.limit(limit).offset(offset))).scalars())
-        return Page(items=items, total=int(total or 0), limit=limit, offset=offset)
+        return Page(items=items, total=total, limit=limit, offset=offset)

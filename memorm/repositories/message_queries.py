@@ -16,7 +16,7 @@ from sqlalchemy.sql import ColumnElement
 
 from memorm.driver import fetch
 from memorm.errors import NotFoundError, ValidationError
-from memorm.models import AGENTS, MESSAGES, SESSIONS, Message, hydrate
+from memorm.models import MESSAGES, SESSIONS, Message, hydrate
 from memorm.page import Page
 from memorm.repositories.base import Repository
 from memorm.repositories.message_input import (
@@ -265,8 +265,8 @@ class MessageQueries(Repository):
             if owner != agent:
                 raise NotFoundError(f"no session {chat} for agent {agent}")
             where.append(MESSAGES.c.session_id == chat)
-        elif await self._scalar(sa.select(AGENTS.c.id).where(AGENTS.c.id == agent)) is None:
-            raise NotFoundError(f"no agent {agent}")
+        else:
+            await self._require_agent(agent)
         if wanted is not None:
             where.append(MESSAGES.c.role.in_(wanted))
         return where

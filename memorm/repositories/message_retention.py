@@ -15,9 +15,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.sql import ColumnElement
 
-from memorm.errors import NotFoundError
-from memorm.models import AGENTS, MESSAGES, SESSIONS
-from memorm.repositories.base import Repository
+from memorm.models import MESSAGES, SESSIONS
+from memorm.repositories.message_queries import MessageQueries
 from memorm.validation import as_uuid, check_aware
 
 __all__ = ["MessageRetention"]
@@ -61,7 +60,7 @@ def _newer_answers(
     )
 
 
-class MessageRetention(Repository):
+class MessageRetention(MessageQueries):
     """The age-based deletion of :class:`~memorm.repositories.MessageRepository`."""
 
     async def delete_before(
@@ -84,21 +83,13 @@ class MessageRetention(Repository):
         owner = as_uuid(agent_id, "agent_id")
         instant = check_aware(cutoff, "cutoff")
         chat = None if session_id is None else as_uuid(session_id, "session_id")
-        await self._scope_owner(owner, chat)
+        await self._scope(owner, chat, None)  # NotFoundError for an unknown agent or another's session
         if dry_run:
             return await self._count_old(owner, instant, chat)
         deleted = await self._delete_answers(owner, instant, chat)
         while count := await self._delete_old_batch(owner, instant, chat, OLD_BATCH):
             deleted += count
         return deleted
-
-    async def _scope_owner(self, owner: uuid.UUID, chat: uuid.UUID | None) -> None:
-        """Check the agent exists and owns the session (``NotFoundError`` otherwise)."""
-        if chat is None:
-            if await self._scalar(sa.select(AGENTS.c.id).where(AGENTS.c.id == owner)) is None:
-                raise NotFoundError(f"no agent {owner}")
-        elif await self._scalar(sa.select(SESSIONS.c.agent_id).where(SESSIONS.c.id == chat)) != owner:
-            raise NotFoundError(f"agent {owner} has no session {chat}")
 
     async def _count_old(
         self, owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None, expired_at: datetime | None = None
@@ -121,24 +112,9 @@ class MessageRetention(Repository):
         """Delete the newer tool answers of old messages (before those go: the answers are found by them)."""
         answer = MESSAGES.alias("answer")
         found = sa.select(answer.c.id).where(_newer_answers(answer, owner, instant, chat))
-        await self._lock_sessions(
-            owner, sa.select(answer.c.session_id).where(_newer_answers(answer, owner, instant, chat))
-        )
-        result = await self._execute(sa.delete(MESSAGES).where(MESSAGES.c.id.in_(found.scalar_subquery())))
-        return int(result.rowcount)  # type: ignore[attr-defined]
-
-    async def _lock_sessions(self, owner: uuid.UUID, sessions: sa.Select[Any]) -> None:
-        """Lock these sessions, in id order, before deleting their messages.
-
-        Appends and trims lock the session first too, so a concurrent trim
-        queues behind this delete instead of deadlocking with it row by row.
-        """
-        await self._execute(
-            sa.select(SESSIONS.c.id)
-            .where(SESSIONS.c.agent_id == owner, SESSIONS.c.id.in_(sessions.scalar_subquery()))
-            .order_by(SESSIONS.c.id)
-            .with_for_update()
-        )
+        sessions = sa.select(answer.c.session_id).where(_newer_answers(answer, owner, instant, chat))
+        await self._lock_sessions(SESSIONS.c.agent_id == owner, SESSIONS.c.id.in_(sessions.scalar_subquery()))
+        return await self._rowcount(sa.delete(MESSAGES).where(MESSAGES.c.id.in_(found.scalar_subquery())))
 
     async def _delete_old_batch(
         self, owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None, size: int
@@ -151,6 +127,7 @@ class MessageRetention(Repository):
             .limit(size)
             .subquery()
         )
-        await self._lock_sessions(owner, sa.select(doomed.c.session_id))
-        result = await self._execute(sa.delete(MESSAGES).where(MESSAGES.c.id.in_(sa.select(doomed.c.id))))
-        return int(result.rowcount)  # type: ignore[attr-defined]
+        await self._lock_sessions(
+            SESSIONS.c.agent_id == owner, SESSIONS.c.id.in_(sa.select(doomed.c.session_id).scalar_subquery())
+        )
+        return await self._rowcount(sa.delete(MESSAGES).where(MESSAGES.c.id.in_(sa.select(doomed.c.id))))

@@ -30,7 +30,7 @@ from memorm.repositories.message_input import (
     check_int,
     check_message,
 )
-from memorm.repositories.message_queries import _COLUMNS, MessageQueries
+from memorm.repositories.message_queries import _COLUMNS
 from memorm.repositories.message_retention import MessageRetention
 from memorm.tokens import TokenCounter, estimate_tokens
 from memorm.translate import check_writable, guarded
@@ -47,7 +47,7 @@ _ALLOCATE = (
 )
 
 
-class MessageRepository(MessageQueries, MessageRetention):
+class MessageRepository(MessageRetention):
     """Messages of a session, ordered by ``seq``."""
 
     def __init__(self, session: AsyncSession, *, token_counter: TokenCounter = estimate_tokens) -> None:
@@ -171,14 +171,12 @@ class MessageRepository(MessageQueries, MessageRetention):
         doomed = sa.delete(MESSAGES).where(*body)
         if cut is not None:
             doomed = doomed.where(MESSAGES.c.seq < cut)
-        result = await self._execute(doomed)
-        return int(result.rowcount)  # type: ignore[attr-defined]
+        return await self._rowcount(doomed)
 
     async def delete(self, message_id: uuid.UUID | str) -> None:
         """Delete one message."""
         key = as_uuid(message_id, "message_id")
-        result = await self._execute(sa.delete(MESSAGES).where(MESSAGES.c.id == key))
-        if result.rowcount == 0:  # type: ignore[attr-defined]
+        if await self._rowcount(sa.delete(MESSAGES).where(MESSAGES.c.id == key)) == 0:
             raise NotFoundError(f"no message {key}")
 
     async def delete_after(self, session_id: uuid.UUID | str, seq: int) -> int:
@@ -206,9 +204,9 @@ class MessageRepository(MessageQueries, MessageRetention):
         """
         key = as_uuid(session_id, "session_id")
         await self._lock_session(key)
-        result = await self._execute(sa.delete(MESSAGES).where(MESSAGES.c.session_id == key))
+        deleted = await self._rowcount(sa.delete(MESSAGES).where(MESSAGES.c.session_id == key))
         await self._execute(sa.update(SESSIONS).where(SESSIONS.c.id == key).values(next_seq=1))
-        return int(result.rowcount)  # type: ignore[attr-defined]
+        return deleted
 
     async def pop(self, session_id: uuid.UUID | str) -> Message | None:
         """Delete and return the session's newest message (None when it has none).

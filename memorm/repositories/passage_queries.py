@@ -12,10 +12,10 @@ import sqlalchemy as sa
 from sqlalchemy.sql import ColumnElement
 
 from memorm.errors import NotFoundError, ValidationError
-from memorm.models import AGENTS, EMBEDDING_MODELS, PASSAGES, ArchivalPassage, EmbeddingModel, hydrate
+from memorm.models import EMBEDDING_MODELS, PASSAGES, ArchivalPassage, EmbeddingModel, hydrate
 from memorm.page import Page
 from memorm.repositories.base import Repository
-from memorm.search.filters import Filter, compile_filter
+from memorm.search.filters import Filter, filter_conditions
 from memorm.search.fts_ddl import PASSAGES_FTS
 from memorm.search.text import search_page
 from memorm.search.vector import (
@@ -272,12 +272,7 @@ class PassageQueries(Repository):
         return guarded(self.session)
 
     async def _filters(self, where: Filter | None) -> builtins.list[ColumnElement[bool]]:
-        dialect = (await self.session.connection()).dialect.name
-        return compile_filter(dialect, PASSAGES, where)
-
-    async def _require_agent(self, key: uuid.UUID) -> None:
-        if await self._scalar(sa.select(AGENTS.c.id).where(AGENTS.c.id == key)) is None:
-            raise NotFoundError(f"no agent {key}")
+        return await filter_conditions(self.session, PASSAGES, where)
 
     async def _load(self, ids: builtins.list[uuid.UUID]) -> dict[uuid.UUID, ArchivalPassage]:
         if not ids:

@@ -33,7 +33,6 @@ from memorm.repositories.passage_queries import (
 )
 from memorm.search.filters import Filter
 from memorm.search.vector import (
-    ARCHIVE_WRITES,
     check_metric,
     ensure_index,
 )
@@ -248,8 +247,7 @@ class PassageRepository(PassageQueries):
         if not conditions:
             raise ValidationError("where: give at least one condition (delete the agent to drop everything)")
         await self._touch_agent(key)
-        result = await self._execute(sa.delete(PASSAGES).where(PASSAGES.c.agent_id == key, *conditions))
-        return int(result.rowcount)  # type: ignore[attr-defined]
+        return await self._rowcount(sa.delete(PASSAGES).where(PASSAGES.c.agent_id == key, *conditions))
 
     async def delete_many(self, agent_id: uuid.UUID | str, ids: Iterable[uuid.UUID | str]) -> int:
         """Delete these passages of the agent (others' and unknown ids are ignored); returns how many."""
@@ -262,8 +260,7 @@ class PassageRepository(PassageQueries):
         # The bump locks the agent before the delete, so concurrent writers of the
         # same passages queue here and then see each other's committed rows.
         await self._touch_agent(key)
-        result = await self._execute(sa.delete(PASSAGES).where(mine))
-        return int(result.rowcount)  # type: ignore[attr-defined]
+        return await self._rowcount(sa.delete(PASSAGES).where(mine))
 
     async def delete_before(
         self, agent_id: uuid.UUID | str, cutoff: datetime, *, dry_run: bool = False
@@ -300,17 +297,16 @@ class PassageRepository(PassageQueries):
         if not doomed:
             return 0  # nothing changes, so caches stay valid
         await self._touch_agent(key)
-        result = await self._execute(sa.delete(PASSAGES).where(PASSAGES.c.id.in_(doomed)))
-        return int(result.rowcount)  # type: ignore[attr-defined]
+        return await self._rowcount(sa.delete(PASSAGES).where(PASSAGES.c.id.in_(doomed)))
 
     async def _touch_agent(self, key: uuid.UUID) -> None:
         """Bump the agent's archive version (and check the agent exists)."""
-        result = await self._execute(
+        bumped = await self._rowcount(
             sa.update(AGENTS).where(AGENTS.c.id == key).values(archive_version=AGENTS.c.archive_version + 1)
         )
-        if result.rowcount == 0:  # type: ignore[attr-defined]
+        if bumped == 0:
             raise NotFoundError(f"no agent {key}")
-        self.session.info.setdefault(ARCHIVE_WRITES, set()).add(key)
+        self._archive_changed(key)
 
     async def ensure_index(
         self,

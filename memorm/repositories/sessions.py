@@ -129,10 +129,10 @@ class SessionRepository(Repository):
     async def delete(self, session_id: uuid.UUID | str) -> None:
         """Delete the session and its messages."""
         key = as_uuid(session_id, "session_id")
-        result = await self._execute(
+        deleted = await self._rowcount(
             sa.delete(Session).where(SESSIONS.c.id == key).execution_options(synchronize_session=False)
         )
-        if result.rowcount == 0:  # type: ignore[attr-defined]
+        if deleted == 0:
             raise NotFoundError(f"no session {key}")
 
     # -- expiry ---------------------------------------------------------------
@@ -176,11 +176,8 @@ class SessionRepository(Repository):
         size = check_batch(batch)
         if dry_run:
             expired = sa.select(SESSIONS.c.id).where(SESSIONS.c.expires_at <= instant)
-            sessions = await self._scalar(sa.select(sa.func.count()).select_from(expired.subquery()))
-            messages = await self._scalar(
-                sa.select(sa.func.count()).where(MESSAGES.c.session_id.in_(expired.scalar_subquery()))
-            )
-            return Removed(sessions=int(sessions), messages=int(messages))
+            messages = sa.select(MESSAGES.c.id).where(MESSAGES.c.session_id.in_(expired.scalar_subquery()))
+            return Removed(sessions=await self._count(expired), messages=await self._count(messages))
         total = Removed()
         while True:
             removed = await self._purge_batch(instant, size)
@@ -204,6 +201,6 @@ class SessionRepository(Repository):
         if not ids:
             return Removed()
         # Messages first (the cascade would delete them too, but not count them).
-        messages = await self._execute(sa.delete(MESSAGES).where(MESSAGES.c.session_id.in_(ids)))
-        sessions = await self._execute(sa.delete(SESSIONS).where(SESSIONS.c.id.in_(ids)))
-        return Removed(sessions=int(sessions.rowcount), messages=int(messages.rowcount))  # type: ignore[attr-defined]
+        messages = await self._rowcount(sa.delete(MESSAGES).where(MESSAGES.c.session_id.in_(ids)))
+        sessions = await self._rowcount(sa.delete(SESSIONS).where(SESSIONS.c.id.in_(ids)))
+        return Removed(sessions=sessions, messages=messages)

@@ -21,13 +21,14 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql import ColumnElement
 
 from memorm.errors import ValidationError
 from memorm.types import JSONType
 from memorm.validation import check_aware, check_json
 
-__all__ = ["Filter", "compile_filter"]
+__all__ = ["Filter", "compile_filter", "filter_conditions"]
 
 Filter = Mapping[str, Any]
 
@@ -84,6 +85,13 @@ def compile_filter(dialect: str, table: sa.Table, where: Filter | None) -> list[
             _check_scalar(condition, key)
             conditions.append(_equals(dialect, table.c.meta, key, condition))
     return conditions
+
+
+async def filter_conditions(
+    session: AsyncSession, table: sa.Table, where: Filter | None
+) -> list[ColumnElement[bool]]:
+    """:func:`compile_filter` for the database ``session`` is on."""
+    return compile_filter(session.get_bind().dialect.name, table, where)
 
 
 def _check_scalar(value: Any, key: str) -> None:
