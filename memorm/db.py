@@ -8,6 +8,10 @@ Per-dialect connection setup lives here and nowhere else:
   "database is locked" when a read lock cannot be upgraded.
 * Postgres: asyncpg with a shared pool, and pgvector's binary
   codec registered on each new connection.
+
+A ``Database`` is safe from any event loop and any thread: each loop that
+uses it gets an engine (a connection pool) of its own (:mod:`memorm.engines`),
+and SQLite writers of every loop queue on one :class:`~memorm.concurrency.CrossLoopLock`.
 """
 
 from __future__ import annotations
@@ -17,19 +21,22 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 from sqlalchemy import event
-from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.engine import URL, ExceptionContext
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import configure_mappers
 from sqlalchemy.util import await_only
 
+from memorm.concurrency import CrossLoopLock
 from memorm.config import resolve_url
+from memorm.driver import interrupt
+from memorm.engines import Engines
 from memorm.errors import DatabaseError, MemormError, SchemaError
 from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS
 from memorm.search.fts_ddl import FTS_INDEXES
 from memorm.search.text import merge_deleted
 from memorm.search.vector import VectorCache
 from memorm.tokens import TokenCounter, estimate_tokens
-from memorm.translate import READ_ONLY, translate, translating
+from memorm.translate import MANAGED, READ_ONLY, translate, translating
 from memorm.types.json import dumps, loads
 
 if TYPE_CHECKING:
@@ -73,46 +80,54 @@ class Database:
         # the mappers must be configured first, or attribute access fails.
         configure_mappers()
         self._engine_options = dict(engine_options)
-        options: dict[str, Any] = {
-            "json_serializer": dumps,
-            "json_deserializer": loads,
-            # A unit of work always ends its transaction itself; the pool's extra
-            # ROLLBACK on every check-in is a wasted round trip.
-            "pool_reset_on_return": None,
-        }
-        options.update(engine_options)
-        self.engine: AsyncEngine = create_async_engine(self.url, **options)
-        self.sessions = async_sessionmaker(self.engine, expire_on_commit=False, autoflush=False)
-        # Read-only units of work run each statement on its own: no BEGIN/COMMIT
-        # round trips.  Postgres' READ COMMITTED gives every statement a fresh
-        # snapshot inside a transaction too, so nothing is lost there.
-        reader: dict[str, Any] = {READ_ONLY: True}
-        if self.dialect == "postgresql":
-            reader["isolation_level"] = "AUTOCOMMIT"
-        self._read_sessions = async_sessionmaker(
-            self.engine.execution_options(**reader), expire_on_commit=False, autoflush=False
-        )
+        self._dialect = self.url.get_backend_name()
+        in_memory = self._dialect == "sqlite" and self.url.database in (None, "", ":memory:")
+        self._engines = Engines(self._make_engine, single_loop=in_memory)
         self._schema_ok = False
-        self._schema_lock = anyio.Lock()
+        self._schema_lock = CrossLoopLock()
         # SQLite has one write lock per file.  Writers of this process queue for it
-        # here, first come first served; left to SQLite's busy handler they poll
-        # with sleeps of up to 100 ms and starve each other (p99 1.4 s with 50
-        # writers).  BEGIN IMMEDIATE and the busy timeout still order writers
-        # across processes.
-        self.writer_lock: anyio.Lock | None = None
+        # here, first come first served, whatever loop or thread they run on; left
+        # to SQLite's busy handler they poll with sleeps of up to 100 ms and starve
+        # each other (p99 1.4 s with 50 writers).  BEGIN IMMEDIATE and the busy
+        # timeout still order writers across processes.
+        self.writer_lock: CrossLoopLock | None = CrossLoopLock() if self._dialect == "sqlite" else None
         # SQLite's vector search reads agents' embeddings into numpy matrices once,
         # then reuses them until the agent's archive_version moves.
         self.vector_cache = VectorCache()
-        if self.dialect == "sqlite":
-            self.writer_lock = anyio.Lock()
-            _setup_sqlite(self.engine)
+
+    def _make_engine(self) -> AsyncEngine:
+        """A new engine on this database's URL and options (one per event loop)."""
+        options: dict[str, Any] = {
+            "json_serializer": dumps,
+            "json_deserializer": loads,
+            # A unit of work always ends its transaction itself (and drops a
+            # connection it cannot vouch for); the pool's extra ROLLBACK on
+            # every check-in is a wasted round trip.
+            "pool_reset_on_return": None,
+        }
+        options.update(self._engine_options)
+        engine = create_async_engine(self.url, **options)
+        _setup_common(engine)
+        if self._dialect == "sqlite":
+            _setup_sqlite(engine)
         else:
-            _setup_postgres(self.engine)
+            _setup_postgres(engine)
+        return engine
+
+    @property
+    def engine(self) -> AsyncEngine:
+        """The SQLAlchemy engine (and connection pool) of the running event loop.
+
+        Each event loop gets its own, made on first use and disposed when the
+        loop shuts down; outside any loop this is a spare engine that the
+        first loop adopts.
+        """
+        return self._engines.current().engine
 
     @property
     def dialect(self) -> str:
         """``"sqlite"`` or ``"postgresql"``."""
-        return self.engine.dialect.name
+        return self._dialect
 
     def __repr__(self) -> str:
         return f"Database({self.url.render_as_string(hide_password=True)!r})"
@@ -131,16 +146,24 @@ class Database:
     def clone(self, **engine_options: Any) -> Database:
         """A new ``Database`` on the same URL, token counter and engine options (``engine_options`` override).
 
-        For another event loop or thread: an engine's pooled connections belong
-        to the loop that opened them, so code running elsewhere needs its own.
+        A ``Database`` already serves every event loop and thread (each loop
+        gets its own pool); a clone is for separate pool settings, or a
+        separate vector cache and SQLite writer queue.
         """
         return Database(
             self.url, token_counter=self.token_counter, **{**self._engine_options, **engine_options}
         )
 
     async def dispose(self) -> None:
-        """Close every pooled connection."""
-        await self.engine.dispose()
+        """Close every pooled connection, of every event loop's engine.
+
+        The ``Database`` stays usable: the next unit of work opens new connections.
+        """
+        await self._engines.dispose()
+
+    async def dispose_loop(self) -> None:
+        """Close the pooled connections of the running event loop's engine only."""
+        await self._engines.dispose_current()
 
     def unit_of_work(self, *, read_only: bool = False) -> UnitOfWork:
         """A new :class:`~memorm.uow.UnitOfWork` (use it with ``async with``).
@@ -153,10 +176,6 @@ class Database:
         from memorm.uow import UnitOfWork
 
         return UnitOfWork(self, read_only=read_only)
-
-    def new_session(self, *, read_only: bool = False) -> AsyncSession:
-        """A fresh ``AsyncSession`` on this database's pool (units of work use this)."""
-        return (self._read_sessions if read_only else self.sessions)()
 
     async def scrub(self, *, reindex: bool = False) -> None:
         """Clear what the database files still hold of deleted rows (after purges or ``forget``).
@@ -260,6 +279,24 @@ class Database:
 _CHECKPOINT_TRIES = 40
 
 
+def _setup_common(engine: AsyncEngine) -> None:
+    @event.listens_for(engine.sync_engine, "handle_error")
+    def _on_error(context: ExceptionContext) -> None:
+        # SQLAlchemy drops a connection at once when a statement is interrupted
+        # by cancellation, inside the cancelled task, where a second
+        # cancellation can cut its graceful close short (and asyncpg then
+        # abandons its CancelRequest mid-connect: "unexpected connection_lost()").
+        # A unit of work's connection is dropped by the unit of work instead,
+        # in its protected clean-up.
+        connection = context.connection
+        if (
+            not isinstance(context.original_exception, Exception)
+            and connection is not None
+            and connection.get_execution_options().get(MANAGED, False)
+        ):
+            context.is_disconnect = False
+
+
 def _setup_sqlite(engine: AsyncEngine) -> None:
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -273,6 +310,15 @@ def _setup_sqlite(engine: AsyncEngine) -> None:
         # Deleted rows are overwritten with zeros, not left in free pages (docs/retention.md).
         cursor.execute("PRAGMA secure_delete = ON")
         cursor.close()
+
+    @event.listens_for(engine.sync_engine, "handle_error")
+    def _on_error(context: ExceptionContext) -> None:
+        # A cancelled statement keeps running in aiosqlite's thread, and
+        # SQLAlchemy's clean-up (closing its cursor) would queue behind it and
+        # wait for its end, seconds later for a long one: stop it now.
+        connection = context.connection
+        if not isinstance(context.original_exception, Exception) and connection is not None:
+            await_only(interrupt(connection.connection.driver_connection))
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(connection: Any) -> None:

@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from memorm.translate import check_writable, guarded
 
-__all__ = ["COPY_THRESHOLD", "fetch", "insert_rows"]
+__all__ = ["COPY_THRESHOLD", "fetch", "in_transaction", "insert_rows", "interrupt"]
 
 Processor = Callable[[Any], Any] | None
 COPY_THRESHOLD = 64  # rows; below this a prepared INSERT beats COPY's set-up on Postgres
@@ -138,3 +138,22 @@ def _compiled(
         column.type._cached_result_processor(dialect, None) for column in statement.exported_columns
     )
     return str(compiled), names, binds, defaults, results
+
+
+def in_transaction(driver: Any) -> bool:
+    """Whether a driver connection is inside a transaction (so must not go back to the pool)."""
+    if hasattr(driver, "is_in_transaction"):  # asyncpg
+        return bool(driver.is_in_transaction())
+    return bool(driver.in_transaction)  # aiosqlite
+
+
+async def interrupt(driver: Any) -> None:
+    """Stop a statement still running on a connection that is being abandoned.
+
+    aiosqlite runs statements in a thread that cancelling the task cannot
+    stop; ``sqlite3_interrupt`` can, from any thread.  asyncpg has already
+    asked the server to cancel the statement (a CancelRequest) when its task
+    was cancelled.
+    """
+    if hasattr(driver, "interrupt"):  # aiosqlite
+        await driver.interrupt()

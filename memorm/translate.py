@@ -12,8 +12,6 @@ import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
-import anyio
-import anyio.lowlevel
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -28,8 +26,9 @@ from memorm.errors import (
 
 __all__ = [
     "FAILED",
+    "INTERRUPTED",
+    "MANAGED",
     "READ_ONLY",
-    "SHIELD",
     "check_writable",
     "failure",
     "guarded",
@@ -118,9 +117,10 @@ def translate(error: BaseException) -> MemormError | None:
     return DatabaseError(f"database error: {detail}")
 
 
-SHIELD = "memorm_shield_statements"  # AsyncSession.info keys, set by the unit of work
-FAILED = "memorm_failed"
+FAILED = "memorm_failed"  # AsyncSession.info keys, set by the unit of work and guarded()
+INTERRUPTED = "memorm_interrupted"
 READ_ONLY = "memorm_read_only"
+MANAGED = "memorm_managed"  # execution option: a unit of work owns this connection's clean-up
 
 
 def check_writable(session: AsyncSession) -> None:
@@ -137,31 +137,34 @@ def failure(session: AsyncSession) -> MemormError | None:
 
 @asynccontextmanager
 async def guarded(session: AsyncSession, *, recoverable: bool = False) -> AsyncIterator[None]:
-    """:func:`translating`, plus cancellation shielding where the engine needs it.
-
-    aiosqlite runs each statement in a thread that cancellation cannot stop:
-    abandoned halfway, a ``BEGIN IMMEDIATE`` keeps the write lock in a
-    connection nobody closes.  So on SQLite (``session.info[SHIELD]``) a
-    statement always finishes, and the cancellation lands right after it,
-    where the unit of work rolls back cleanly.
+    """:func:`translating`, and the unit of work's record of what went wrong.
 
     A database error fails the unit of work, on both engines alike: Postgres
     aborts the transaction anyway, and on SQLite carrying on could commit half
     a write (a sequence number taken, its message not stored).  Later
     statements then raise, and the unit of work can only roll back.  Writes
     that may fail on purpose run in a SAVEPOINT and pass ``recoverable=True``.
+
+    A statement interrupted by cancellation (of any kind) fails the unit of
+    work too, even if the caller swallows the cancellation: whether the
+    statement took effect is unknown.  The unit of work then drops the
+    connection instead of returning it to the pool.
     """
     earlier = failure(session)
     if earlier is not None:
         raise DatabaseError(f"this unit of work already failed ({earlier}); it can only roll back")
     try:
-        with anyio.CancelScope(shield=session.info.get(SHIELD, False)), translating():
+        with translating():
             yield
     except MemormError as error:
         if not recoverable and error.__cause__ is not None:  # from the database, not our checks
             session.info[FAILED] = error
         raise
-    await anyio.lowlevel.checkpoint_if_cancelled()  # deliver what the shield held back
+    except BaseException as error:
+        if not isinstance(error, Exception):  # cancelled (or interrupted) amid a statement
+            session.info[INTERRUPTED] = True
+            session.info.setdefault(FAILED, DatabaseError("a statement was interrupted by cancellation"))
+        raise
 
 
 @contextmanager

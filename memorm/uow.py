@@ -1,4 +1,4 @@
-"""``UnitOfWork``: one ``AsyncSession``, one transaction, all four repositories.
+"""``UnitOfWork``: one connection, one transaction, all four repositories.
 
 ::
 
@@ -9,17 +9,26 @@
 
 Repositories flush; only the unit of work commits or rolls back.  A unit of
 work belongs to one task: never share one between concurrent tasks.
+
+Opening and closing run under :func:`memorm.concurrency.protect`, so no
+cancellation (``asyncio.wait_for``, ``task.cancel()``, anyio scopes) can cut
+a checkout, a ``BEGIN``, a ``COMMIT`` or a ``ROLLBACK`` in half.  A unit of
+work that was cancelled, or whose statement was interrupted, drops its
+connection instead of returning it to the pool: nobody can vouch for what a
+half-run statement left behind, and a new connection costs less than a
+poisoned one.
 """
 
 from __future__ import annotations
 
 import contextlib
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-import anyio
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from memorm.concurrency import CrossLoopLock, protect
+from memorm.driver import in_transaction, interrupt
 from memorm.errors import DatabaseError
 from memorm.repositories import (
     AgentRepository,
@@ -28,7 +37,7 @@ from memorm.repositories import (
     SessionRepository,
 )
 from memorm.search.vector import ARCHIVE_WRITES
-from memorm.translate import FAILED, READ_ONLY, SHIELD, failure, translating
+from memorm.translate import FAILED, INTERRUPTED, MANAGED, READ_ONLY, failure, translating
 
 if TYPE_CHECKING:
     from memorm.db import Database
@@ -52,27 +61,32 @@ class UnitOfWork:
     messages: MessageRepository
     passages: PassageRepository
     session: AsyncSession
-    _writer: anyio.Lock | None
 
     def __init__(self, db: Database, *, read_only: bool = False) -> None:
         self.db = db
         self.read_only = read_only
         self._open = False
+        self._writer: CrossLoopLock | None = None
+        self._connection: AsyncConnection | None = None
+        self._driver: Any = None
+        self._session: AsyncSession | None = None  # the open unit of work's session
+        self._interrupted = False
 
     async def __aenter__(self) -> UnitOfWork:
         if self._open:
             raise RuntimeError("this unit of work is already open; make a new one per task")
         await self.db.check_schema()
-        self._writer = None if self.read_only else self.db.writer_lock
-        if self._writer is not None:
-            await self._writer.acquire()
-        self.session = self.db.new_session(read_only=self.read_only)
-        self.session.info[SHIELD] = self.db.dialect == "sqlite"
-        self.session.info[READ_ONLY] = self.read_only
-        self.agents = AgentRepository(self.session)
-        self.sessions = SessionRepository(self.session)
-        self.messages = MessageRepository(self.session, token_counter=self.db.token_counter)
-        self.passages = PassageRepository(self.session, cache=self.db.vector_cache)
+        self._interrupted = False
+        writer = None if self.read_only else self.db.writer_lock
+        if writer is not None:
+            await writer.acquire()  # cancellable: a cancelled waiter just leaves the queue
+        self._writer = writer
+        try:
+            await protect(self._begin())
+        except BaseException as error:
+            self._interrupted |= not isinstance(error, Exception)
+            await protect(self._end(commit=False))
+            raise
         self._open = True
         return self
 
@@ -82,41 +96,82 @@ class UnitOfWork:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        # Shielded: a cancelled task must still roll back and return its connection.
-        with anyio.CancelScope(shield=True):
+        if exc_type is not None and not issubclass(exc_type, Exception):
+            self._interrupted = True  # cancelled, or interrupted by a signal
+        await protect(self._end(commit=exc_type is None))
+
+    async def _begin(self) -> None:
+        """Check out a connection, begin its transaction, and set up the repositories."""
+        options: dict[str, Any] = {MANAGED: True}
+        if self.read_only:
+            # Read-only units of work run each statement on its own: no BEGIN/COMMIT
+            # round trips, and on SQLite beside the writer.  Postgres' READ COMMITTED
+            # gives every statement a fresh snapshot inside a transaction too.
+            options[READ_ONLY] = True
+            if self.db.dialect == "postgresql":
+                options["isolation_level"] = "AUTOCOMMIT"
+        with translating():
+            connection = await self.db.engine.connect()
+            self._connection = connection
+            await connection.execution_options(**options)
+            self._driver = (await connection.get_raw_connection()).driver_connection
+            await connection.begin()  # SQLite writers: BEGIN IMMEDIATE (memorm.db)
+        self.session = AsyncSession(
+            bind=connection, join_transaction_mode="control_fully", expire_on_commit=False, autoflush=False
+        )
+        self.session.info[READ_ONLY] = self.read_only
+        self._session = self.session
+        self.agents = AgentRepository(self.session)
+        self.sessions = SessionRepository(self.session)
+        self.messages = MessageRepository(self.session, token_counter=self.db.token_counter)
+        self.passages = PassageRepository(self.session, cache=self.db.vector_cache)
+
+    async def _end(self, *, commit: bool) -> None:
+        """Commit or roll back, then return the connection (or drop it) and the write lock."""
+        try:
+            if commit and self._connection is not None:
+                await self._commit()
+        finally:
             try:
-                if exc_type is None:
-                    await self.commit()
-                else:
-                    await self._discard()
+                await self._release()
             finally:
                 self._open = False
-                try:
-                    await self.session.close()
-                except Exception:
-                    if exc_type is None:
-                        raise
-                    # The body's exception (or cancellation) is the one to report; a
-                    # connection that broke meanwhile is invalidated by SQLAlchemy.
-                finally:
-                    if self._writer is not None:
-                        self._writer.release()
+                writer, self._writer = self._writer, None
+                if writer is not None:
+                    writer.release()
 
-    async def _discard(self) -> None:
-        """Roll back after the body failed, never hiding its exception behind a cleanup error."""
-        # The body's exception propagates; a connection that broke is invalidated anyway.
+    async def _release(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        session, self._session = self._session, None
+        dirty = self._interrupted or (session is not None and session.info.get(INTERRUPTED, False))
+        if not dirty:
+            try:
+                if session is not None:
+                    await session.close()  # rolls back whatever is left
+                dirty = in_transaction(self._driver)
+            except Exception:
+                dirty = True
         with contextlib.suppress(Exception):
-            await self.rollback()
+            if dirty:
+                await interrupt(self._driver)
+                await connection.invalidate()  # closed for good; the pool opens a new one
+            await connection.close()
 
     async def commit(self) -> None:
         """Commit what the repositories wrote so far; the unit of work stays usable.
 
         A unit of work in which a database error happened cannot commit: it
-        rolls back and raises that error again.
+        rolls back and raises that error again.  Once started, a commit runs
+        to its end even if the task is cancelled meanwhile.
         """
+        await protect(self._commit())
+
+    async def _commit(self) -> None:
         earlier = failure(self.session)
         if earlier is not None:
-            await self.rollback()
+            await self._rollback()
             raise DatabaseError(f"this unit of work failed ({earlier}) and was rolled back") from earlier
         with translating():
             await self.session.commit()
@@ -128,6 +183,9 @@ class UnitOfWork:
 
     async def rollback(self) -> None:
         """Discard what the repositories wrote since the last commit."""
+        await protect(self._rollback())
+
+    async def _rollback(self) -> None:
         self.session.info.pop(FAILED, None)
         self.session.info.pop(ARCHIVE_WRITES, None)
         with translating():

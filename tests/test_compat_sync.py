@@ -1,4 +1,4 @@
-"""The sync bridge: a program using sync adapter methods exits promptly, its private copies closed."""
+"""The sync bridge: a program using sync adapter methods exits promptly, its private pools closed."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ PROGRAM = textwrap.dedent(
 
     def report():
         bridge = sys.modules["memorm.compat._sync"].BRIDGE
-        print("copies left:", len(bridge._copies), "loop alive:", bridge._thread.is_alive(), flush=True)
+        pools = sum(bridge._loop in db._engines._by_loop for db in bridge._used)
+        print("pools left:", pools, "loop alive:", bridge._thread.is_alive(), flush=True)
 
     atexit.register(report)
 
@@ -62,19 +63,19 @@ async def db(db: Database) -> AsyncIterator[Database]:
 
 
 @pytest.mark.parametrize("mode", ["main", "late-thread"])
-async def test_a_sync_program_exits_promptly_with_its_copies_closed(
+async def test_a_sync_program_exits_promptly_with_its_pools_closed(
     db: Database, store: Store, tmp_path: Path, mode: str
 ) -> None:
     async with db.unit_of_work() as uow:
         agent_id = (await uow.agents.create("exiting")).id
-    await db.dispose()  # the subprocess's copy becomes the only connection to the file
+    await db.dispose()  # the subprocess's pool becomes the only connection to the file
     argv = [sys.executable, "-c", PROGRAM, store.url, json.dumps(store.options), str(agent_id), mode]
     done = await anyio.to_thread.run_sync(
         lambda: subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     )
     assert done.returncode == 0, done.stderr
     key = "from main" if mode == "main" else "from a late thread"
-    assert done.stdout.splitlines() == [f"read: [{key!r}]", "copies left: 0 loop alive: False"]
+    assert done.stdout.splitlines() == [f"read: [{key!r}]", "pools left: 0 loop alive: False"]
     if store.engine == "sqlite":
         # SQLite removes the WAL file when the last connection closes cleanly.
         assert not await anyio.Path(f"{tmp_path / 'memorm.db'}-wal").exists()
@@ -83,8 +84,8 @@ async def test_a_sync_program_exits_promptly_with_its_copies_closed(
 async def test_a_stopped_bridge_refuses_work_instead_of_hanging(db: Database) -> None:
     bridge = SyncBridge()
 
-    async def agents(copy: Database) -> uuid.UUID:
-        async with copy.unit_of_work() as uow:
+    async def agents(db: Database) -> uuid.UUID:
+        async with db.unit_of_work() as uow:
             return (await uow.agents.create("bridged")).id
 
     await anyio.to_thread.run_sync(lambda: bridge.run(db, agents))

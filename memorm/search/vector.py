@@ -26,6 +26,7 @@ metric             distance                    score (higher better)
 from __future__ import annotations
 
 import hashlib
+import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -41,6 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.schema import CreateIndex
 from sqlalchemy.sql import ColumnElement
 
+from memorm.concurrency import CrossLoopLock
 from memorm.errors import NotFoundError, ValidationError
 from memorm.models import AGENTS, PASSAGES, ArchivalPassage, EmbeddingModel
 from memorm.types import VectorType
@@ -208,17 +210,22 @@ class VectorCache:
     def __init__(self, max_entries: int = 64) -> None:
         self.max_entries = max_entries
         self._entries: OrderedDict[tuple[uuid.UUID, str], _Matrix] = OrderedDict()
-        self._lock = anyio.Lock()
+        # Units of work of any event loop and thread share the cache: the dict
+        # sits behind a thread lock, and loads queue on a lock that works across loops.
+        self._mutex = threading.Lock()
+        self._loading = CrossLoopLock()
 
     def clear(self) -> None:
         """Forget every matrix."""
-        self._entries.clear()
+        with self._mutex:
+            self._entries.clear()
 
     def evict(self, agent_ids: Iterable[uuid.UUID]) -> None:
         """Drop these agents' matrices (their archives changed, or they are gone)."""
         doomed = set(agent_ids)
-        for key in [key for key in self._entries if key[0] in doomed]:
-            del self._entries[key]
+        with self._mutex:
+            for key in [key for key in self._entries if key[0] in doomed]:
+                del self._entries[key]
 
     async def matrix(self, session: AsyncSession, agent_id: uuid.UUID, model: EmbeddingModel) -> _Matrix:
         """The agent's vectors for ``model``, reloaded if the archive changed since they were read."""
@@ -230,14 +237,15 @@ class VectorCache:
             # and may roll back, so they must not outlive it in the cache.
             return await _load(session, agent_id, model, version)
         key = (agent_id, model.name)
-        async with self._lock:
+        async with self._loading:
             entry = self._entries.get(key)
             if entry is None or entry.version != version:
                 entry = await _load(session, agent_id, model, version)
+            with self._mutex:
                 self._entries[key] = entry
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
+                self._entries.move_to_end(key)
+                while len(self._entries) > self.max_entries:
+                    self._entries.popitem(last=False)
         return entry
 
 

@@ -6,16 +6,13 @@
 
 Both are thin layers over memorm's repositories, async-native, with working
 sync methods.  Sync methods run on a private event loop in a daemon thread
-(:class:`SyncBridge`), against a private copy of your ``Database``: an engine's
-pooled connections belong to the event loop that opened them, so sync calls
-must never touch the pool your own loop uses.  The copy is
-``db.clone()`` (same URL, token counter and engine options, its own pool),
-made on first sync use; :func:`dispose_sync` closes it (it also closes when
-your ``Database`` is garbage-collected, and at interpreter exit).  Sync
-methods are therefore safe from plain sync code with no event loop, from a
-worker thread while your loop runs elsewhere, and even (blocking it) from
-inside a running loop.  An in-memory SQLite database cannot be copied: use a
-file, or the async methods only.
+(:class:`SyncBridge`), on your own ``Database``, which gives that loop a
+connection pool of its own (a pool belongs to the event loop that opened it);
+:func:`dispose_sync` closes that pool (it also closes at interpreter exit).
+Sync methods are therefore safe from plain sync code with no event loop, from
+a worker thread while your loop runs elsewhere, and even (blocking it) from
+inside a running loop.  An in-memory SQLite database lives on one event loop:
+use a file, or the async methods only.
 
 Modules: :mod:`~memorm.compat.langchain.messages` (message mapping),
 :mod:`~memorm.compat.langchain.history`,
@@ -32,7 +29,6 @@ from __future__ import annotations
 
 from memorm.compat import _sync
 from memorm.compat._sync import SyncBridge, adispose_sync, dispose_sync
-from memorm.compat._sync import private_copy as private_copy
 from memorm.compat.langchain.documents import DOCUMENT_ID_KEY as DOCUMENT_ID_KEY
 from memorm.compat.langchain.documents import DOCUMENT_ID_NAMESPACE as DOCUMENT_ID_NAMESPACE
 from memorm.compat.langchain.history import PAGE as PAGE
