@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import configure_mappers
 from sqlalchemy.util import await_only
 
-from memorm.concurrency import CrossLoopLock
+from memorm.concurrency import CrossLoopLock, protect
 from memorm.config import resolve_url
 from memorm.driver import interrupt
 from memorm.engines import Engines
@@ -82,7 +82,8 @@ class Database:
         self._engine_options = dict(engine_options)
         self._dialect = self.url.get_backend_name()
         in_memory = self._dialect == "sqlite" and self.url.database in (None, "", ":memory:")
-        self._engines = Engines(self._make_engine, single_loop=in_memory)
+        # One engine (pool) per event loop that uses this database (memorm.engines).
+        self.engines = Engines(self._make_engine, single_loop=in_memory)
         self._schema_ok = False
         self._schema_lock = CrossLoopLock()
         # SQLite has one write lock per file.  Writers of this process queue for it
@@ -106,12 +107,13 @@ class Database:
             "pool_reset_on_return": None,
         }
         options.update(self._engine_options)
+        if self._dialect == "postgresql" and "async_creator" not in options:
+            given = options.get("connect_args", {})
+            options["connect_args"] = {"async_creator_fn": _connect_postgres, **given}
         engine = create_async_engine(self.url, **options)
         _setup_common(engine)
         if self._dialect == "sqlite":
             _setup_sqlite(engine)
-        else:
-            _setup_postgres(engine)
         return engine
 
     @property
@@ -122,7 +124,7 @@ class Database:
         loop shuts down; outside any loop this is a spare engine that the
         first loop adopts.
         """
-        return self._engines.current().engine
+        return self.engines.current().engine
 
     @property
     def dialect(self) -> str:
@@ -159,11 +161,11 @@ class Database:
 
         The ``Database`` stays usable: the next unit of work opens new connections.
         """
-        await self._engines.dispose()
+        await self.engines.dispose()
 
     async def dispose_loop(self) -> None:
         """Close the pooled connections of the running event loop's engine only."""
-        await self._engines.dispose_current()
+        await self.engines.dispose_current()
 
     def unit_of_work(self, *, read_only: bool = False) -> UnitOfWork:
         """A new :class:`~memorm.uow.UnitOfWork` (use it with ``async with``).
@@ -329,10 +331,26 @@ def _setup_sqlite(engine: AsyncEngine) -> None:
             await_only(connection.connection.driver_connection.execute_fetchall("BEGIN IMMEDIATE"))
 
 
-def _setup_postgres(engine: AsyncEngine) -> None:
-    @event.listens_for(engine.sync_engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.run_async(_register_pgvector)
+async def _connect_postgres(*args: Any, **kwargs: Any) -> Any:
+    """A new asyncpg connection with pgvector's codec, made whole whatever cancellation arrives.
+
+    Cut short, asyncpg abandons its handshake with a future nobody retrieves
+    ("unexpected connection_lost()"), and a connection without its codecs
+    would misread vectors.
+    """
+    return await protect(_open_postgres(*args, **kwargs))
+
+
+async def _open_postgres(*args: Any, **kwargs: Any) -> Any:
+    import asyncpg
+
+    connection = await asyncpg.connect(*args, **kwargs)
+    try:
+        await _register_pgvector(connection)
+    except BaseException:
+        connection.terminate()
+        raise
+    return connection
 
 
 async def _register_pgvector(connection: Any) -> None:

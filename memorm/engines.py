@@ -6,13 +6,16 @@ from another one fails ("attached to a different loop", "another operation is
 in progress") or worse.  Yet a server calls memorm from several loops: its own,
 and the short-lived ones that ``asyncio.run`` starts in worker threads
 (FastAPI's ``def`` endpoints, the Agents SDK's ``Runner.run_sync``).  So each
-loop that uses a ``Database`` gets an engine of its own, made on first use.
+loop that uses a ``Database`` gets an engine of its own.
 
 When a loop shuts down (``asyncio.run``, ``asyncio.Runner``, anyio and most
-servers end with ``loop.shutdown_asyncgens()``), its engine is disposed on
-that loop: a watcher, an async generator started on the loop, closes it from
-its ``finally`` block.  A loop that ends without that step leaves its engine
-to :meth:`Engines.dispose`.
+servers end with ``loop.shutdown_asyncgens()``), its engine's connections are
+closed on that loop: a watcher, an async generator started on the loop, does
+it from its ``finally`` block.  The emptied engine is kept for the next loop,
+which so skips the engine's set-up (the dialect's first-connect queries), as
+SQLAlchemy allows for an engine disposed before it moves to another loop.  A
+loop that ends without that step leaves its connections to
+:meth:`Engines.dispose`.
 """
 
 from __future__ import annotations
@@ -26,25 +29,52 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.pool import QueuePool
 
 from memorm.concurrency import protect
 from memorm.errors import ValidationError
 
 __all__ = ["Engines", "LoopEngine"]
 
-_OTHER_LOOP_TIMEOUT = 10.0  # seconds dispose() waits for another running loop to close its engine
+_OTHER_LOOP_TIMEOUT = 10.0  # seconds dispose() waits for another running loop to close its pool
 
 
 @dataclass(eq=False)
 class LoopEngine:
-    """The engine one event loop uses, and the watcher that disposes it with the loop."""
+    """An engine, and what memorm tracks of it while one event loop uses it."""
 
     engine: AsyncEngine
-    loop: asyncio.AbstractEventLoop | None
+    loop: asyncio.AbstractEventLoop | None = None
     watcher: AsyncGenerator[None, None] | None = None
-    closed: bool = False
-    # Driver connections opened by this engine, to close by force if the loop dies unseen.
+    # Driver connections it opened, to close by force if its loop dies unseen.
     drivers: list[Any] = field(default_factory=list)
+    # Pooled connections that were invalidated and reconnect at their next check-out.
+    stale: int = 0
+    variants: dict[Any, AsyncEngine] = field(default_factory=dict)
+
+    def with_options(self, key: Any, options: dict[str, Any]) -> AsyncEngine:
+        """This engine with execution ``options`` (made once per ``key``; it shares the pool)."""
+        found = self.variants.get(key)
+        if found is None:
+            found = self.variants[key] = self.engine.execution_options(**options)
+        return found
+
+    def checkout_may_connect(self) -> bool:
+        """Whether a check-out may open a connection (network or thread IO), not just hand one over.
+
+        A check-out that opens a connection must not be cut short by a
+        cancellation (asyncpg would abandon its handshake; SQLAlchemy would
+        drop the half-made connection unclosed), so callers protect it.  One
+        that only waits for a connection to come back must stay cancellable.
+        """
+        pool = self.engine.sync_engine.pool
+        if not isinstance(pool, QueuePool):
+            return True
+        if self.stale or pool._pre_ping or pool._recycle >= 0:
+            return True
+        if pool.checkedin():
+            return False
+        return pool._max_overflow < 0 or pool.overflow() < pool._max_overflow
 
 
 class Engines:
@@ -57,31 +87,31 @@ class Engines:
         self._single_loop = single_loop
         self._mutex = threading.Lock()
         self._by_loop: dict[asyncio.AbstractEventLoop, LoopEngine] = {}
-        # Made now, so code outside any loop (dialect checks, sync tools) has an
-        # engine; the first loop to need one adopts it.
-        self._spare: LoopEngine | None = self._new(None)
+        # Engines no loop uses, their pools empty.  One is made now, so code
+        # outside any loop (sync tools) has an engine; loops adopt them first.
+        self._free: list[LoopEngine] = [self._new()]
 
     def current(self) -> LoopEngine:
-        """The engine of the running event loop (made on first use); outside any loop, a spare one."""
+        """The engine of the running event loop; outside any loop, a free one."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             with self._mutex:
-                if self._spare is None:
-                    self._spare = self._new(None)
-                return self._spare
+                if not self._free:
+                    self._free.append(self._new())
+                return self._free[-1]
         found = self._by_loop.get(loop)  # the hot path: one dict lookup, no lock
         if found is not None:
             return found
         with self._mutex:
             found = self._by_loop.get(loop)
-            if found is None and self._single_loop and self._by_loop:
-                raise ValidationError(
-                    "an in-memory SQLite database lives in one connection on one event loop: "
-                    "use a database file to share it with other loops and threads"
-                )
             if found is None:
-                found, self._spare = self._spare or self._new(loop), None
+                if self._single_loop and self._by_loop:
+                    raise ValidationError(
+                        "an in-memory SQLite database lives in one connection on one event loop: "
+                        "use a database file to share it with other loops and threads"
+                    )
+                found = self._free.pop() if self._free else self._new()
                 found.loop = loop
                 self._by_loop[loop] = found
         if found.watcher is None:
@@ -90,14 +120,13 @@ class Engines:
         return found
 
     async def dispose_current(self) -> None:
-        """Close the running loop's engine (a later call on this loop makes a new one)."""
-        loop = asyncio.get_running_loop()
-        found = self._by_loop.get(loop)
+        """Close the running loop's connections (a later call on this loop opens new ones)."""
+        found = self._by_loop.get(asyncio.get_running_loop())
         if found is not None:
             await self._close(found)
 
     async def dispose(self) -> None:
-        """Close every engine: this loop's here, other running loops' on their loop, dead loops' by force."""
+        """Close every connection: this loop's here, other live loops' on their loop, dead loops' by force."""
         current = asyncio.get_running_loop()
         with self._mutex:
             others = [state for loop, state in self._by_loop.items() if loop is not current]
@@ -112,19 +141,24 @@ class Engines:
             else:
                 self._abandon(state)
         await self.dispose_current()
-        with self._mutex:
-            spare, self._spare = self._spare, None
-        if spare is not None:
-            await protect(spare.engine.dispose())
 
-    def _new(self, loop: asyncio.AbstractEventLoop | None) -> LoopEngine:
-        state = LoopEngine(self._make(), loop)
+    def _new(self) -> LoopEngine:
+        state = LoopEngine(self._make())
+        pool = state.engine.sync_engine.pool  # dispose() replaces it; listeners carry over
 
-        @event.listens_for(state.engine.sync_engine, "connect")
+        @event.listens_for(pool, "connect")
         def _opened(dbapi_connection: Any, _record: Any) -> None:
+            state.stale = max(0, state.stale - 1)
             state.drivers.append(dbapi_connection.driver_connection)
             if len(state.drivers) > 64:  # keep only those still open
                 state.drivers[:] = [d for d in state.drivers if not _is_closed(d)]
+
+        @event.listens_for(pool, "invalidate")
+        def _invalidated(_dbapi_connection: Any, _record: Any, _exception: Any) -> None:
+            # One connection, or (after a disconnect) every connection of its
+            # generation, reconnects at its next check-out.
+            now = state.engine.sync_engine.pool
+            state.stale = max(1, now.checkedin() + now.checkedout()) if isinstance(now, QueuePool) else 1
 
         return state
 
@@ -136,21 +170,22 @@ class Engines:
             await self._close(state)
 
     async def _close(self, state: LoopEngine) -> None:
-        if state.closed:
-            return
-        state.closed = True
         with self._mutex:
-            if state.loop is not None and self._by_loop.get(state.loop) is state:
-                del self._by_loop[state.loop]
+            if state.loop is None or self._by_loop.get(state.loop) is not state:
+                return  # already closed
+            del self._by_loop[state.loop]
         watcher, state.watcher = state.watcher, None
         if watcher is not None:
             with contextlib.suppress(RuntimeError):  # we are that watcher's finally block
                 await watcher.aclose()
         await protect(state.engine.dispose())
+        state.loop, state.stale = None, 0
+        state.drivers.clear()
+        with self._mutex:
+            self._free.append(state)
 
     def _abandon(self, state: LoopEngine) -> None:
         """Close a dead loop's connections without it: nothing can be awaited there any more."""
-        state.closed = True
         with self._mutex:
             if state.loop is not None and self._by_loop.get(state.loop) is state:
                 del self._by_loop[state.loop]
@@ -160,7 +195,7 @@ class Engines:
                     driver.terminate()
                 else:  # aiosqlite: stop its thread, which closes the sqlite3 connection
                     driver.stop()
-        state.drivers.clear()
+        state.drivers.clear()  # its pool still lists the dead connections: the engine is not reused
 
 
 def _start(watcher: AsyncGenerator[None, None]) -> None:

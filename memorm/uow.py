@@ -25,7 +25,7 @@ import contextlib
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from memorm.concurrency import CrossLoopLock, protect
 from memorm.driver import in_transaction, interrupt
@@ -82,10 +82,10 @@ class UnitOfWork:
             await writer.acquire()  # cancellable: a cancelled waiter just leaves the queue
         self._writer = writer
         try:
-            await protect(self._begin())
+            await self._begin()
         except BaseException as error:
             self._interrupted |= not isinstance(error, Exception)
-            await protect(self._end(commit=False))
+            await protect(self._finish())
             raise
         self._open = True
         return self
@@ -96,12 +96,25 @@ class UnitOfWork:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc_type is not None and not issubclass(exc_type, Exception):
-            self._interrupted = True  # cancelled, or interrupted by a signal
-        await protect(self._end(commit=exc_type is None))
+        if exc_type is not None:
+            self._interrupted |= not issubclass(exc_type, Exception)  # cancelled, or a signal
+            await protect(self._finish())
+            return
+        try:
+            if not self.read_only:  # a read-only unit of work has no transaction to end
+                await self._commit()
+        except BaseException as error:
+            self._interrupted |= not isinstance(error, Exception)
+            await protect(self._finish())
+            raise
+        if self._interrupted or in_transaction(self._driver):
+            await protect(self._finish())
+        else:
+            await self._close_clean()
 
     async def _begin(self) -> None:
-        """Check out a connection, begin its transaction, and set up the repositories."""
+        """Check out a connection and set up the repositories (the first statement begins)."""
+        state = self.db.engines.current()
         options: dict[str, Any] = {MANAGED: True}
         if self.read_only:
             # Read-only units of work run each statement on its own: no BEGIN/COMMIT
@@ -110,12 +123,15 @@ class UnitOfWork:
             options[READ_ONLY] = True
             if self.db.dialect == "postgresql":
                 options["isolation_level"] = "AUTOCOMMIT"
+        engine = state.with_options(self.read_only, options)
         with translating():
-            connection = await self.db.engine.connect()
-            self._connection = connection
-            await connection.execution_options(**options)
-            self._driver = (await connection.get_raw_connection()).driver_connection
-            await connection.begin()  # SQLite writers: BEGIN IMMEDIATE (memorm.db)
+            if state.checkout_may_connect():
+                await protect(self._checkout(engine))
+            else:  # a pooled connection is handed over, or awaited: no IO to protect
+                await self._checkout(engine)
+        connection = self._connection
+        assert connection is not None
+        self._driver = connection.sync_connection.connection.driver_connection  # type: ignore[union-attr]
         self.session = AsyncSession(
             bind=connection, join_transaction_mode="control_fully", expire_on_commit=False, autoflush=False
         )
@@ -126,19 +142,36 @@ class UnitOfWork:
         self.messages = MessageRepository(self.session, token_counter=self.db.token_counter)
         self.passages = PassageRepository(self.session, cache=self.db.vector_cache)
 
-    async def _end(self, *, commit: bool) -> None:
-        """Commit or roll back, then return the connection (or drop it) and the write lock."""
+    async def _checkout(self, engine: AsyncEngine) -> None:
+        # Kept on self at once: a cancellation raised after a protected check-out
+        # must still find the connection to return.
+        self._connection = await engine.connect()
+
+    async def _close_clean(self) -> None:
+        """Return a connection known to be clean to the pool, and the write lock.
+
+        After a commit, check-in does no IO (the pool does not reset on
+        return), so this never suspends and no cancellation can cut it short.
+        """
+        connection, self._connection, self._session = self._connection, None, None
         try:
-            if commit and self._connection is not None:
-                await self._commit()
+            if connection is not None:
+                await connection.close()
         finally:
-            try:
-                await self._release()
-            finally:
-                self._open = False
-                writer, self._writer = self._writer, None
-                if writer is not None:
-                    writer.release()
+            self._release_writer()
+
+    async def _finish(self) -> None:
+        """Roll back and return the connection, or drop it when nobody can vouch for it."""
+        try:
+            await self._release()
+        finally:
+            self._release_writer()
+
+    def _release_writer(self) -> None:
+        self._open = False
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.release()
 
     async def _release(self) -> None:
         connection, self._connection = self._connection, None
@@ -163,10 +196,9 @@ class UnitOfWork:
         """Commit what the repositories wrote so far; the unit of work stays usable.
 
         A unit of work in which a database error happened cannot commit: it
-        rolls back and raises that error again.  Once started, a commit runs
-        to its end even if the task is cancelled meanwhile.
+        rolls back and raises that error again.
         """
-        await protect(self._commit())
+        await self._commit()
 
     async def _commit(self) -> None:
         earlier = failure(self.session)
@@ -183,7 +215,7 @@ class UnitOfWork:
 
     async def rollback(self) -> None:
         """Discard what the repositories wrote since the last commit."""
-        await protect(self._rollback())
+        await self._rollback()
 
     async def _rollback(self) -> None:
         self.session.info.pop(FAILED, None)

@@ -27,7 +27,7 @@ PROGRAM = textwrap.dedent(
 
     def report():
         bridge = sys.modules["memorm.compat._sync"].BRIDGE
-        pools = sum(bridge._loop in db._engines._by_loop for db in bridge._used)
+        pools = sum(bridge._loop in db.engines._by_loop for db in bridge._used)
         print("pools left:", pools, "loop alive:", bridge._thread.is_alive(), flush=True)
 
     atexit.register(report)
