@@ -325,7 +325,9 @@ class PassageRepository(PassageQueries):
         A no-op on SQLite, which searches exactly.  Runs inside the unit of
         work, and ``CREATE INDEX`` blocks writes to the table while it builds:
         for a live table, use the migration pattern in the docs
-        (``CREATE INDEX CONCURRENTLY``).
+        (``CREATE INDEX CONCURRENTLY``).  ``m`` (2 to 100) and ``ef_construction``
+        (4 to 1000, at least ``2 * m``) are pgvector's build options; other
+        values raise ``ValidationError`` on both engines.
         """
         if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= 16000:
             raise ValidationError(f"dim: expected an integer from 1 to 16,000, got {dim!r}")
