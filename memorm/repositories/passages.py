@@ -25,11 +25,11 @@ from memorm.models import AGENTS, PASSAGES, ArchivalPassage, EmbeddingModel, hyd
 from memorm.repositories.passage_queries import (
     _COLUMNS,
     _ITEM_FIELDS,
-    _PRECISIONS,
     PassageInput,
     PassageQueries,
     _check_half,
     _check_model_name,
+    _check_shape,
 )
 from memorm.search.filters import Filter
 from memorm.search.vector import (
@@ -66,10 +66,7 @@ class PassageRepository(PassageQueries):
         """
         key = as_uuid(agent_id, "agent_id")
         model = _check_model_name(name)
-        if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= 16000:
-            raise ValidationError(f"dim: expected an integer from 1 to 16,000, got {dim!r}")
-        if precision not in _PRECISIONS:
-            raise ValidationError(f"precision: {precision!r} is not one of {', '.join(_PRECISIONS)}")
+        _check_shape(dim, precision)
         await self._require_agent(key)
         found = await self._model(key, model, dim, precision=precision, check_dim=False)
         if (found.dim, found.precision) != (dim, precision):
@@ -329,10 +326,7 @@ class PassageRepository(PassageQueries):
         (4 to 1000, at least ``2 * m``) are pgvector's build options; other
         values raise ``ValidationError`` on both engines.
         """
-        if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= 16000:
-            raise ValidationError(f"dim: expected an integer from 1 to 16,000, got {dim!r}")
-        if precision not in _PRECISIONS:
-            raise ValidationError(f"precision: {precision!r} is not one of {', '.join(_PRECISIONS)}")
+        _check_shape(dim, precision)
         shape = EmbeddingModel(name=_check_model_name(embedding_model), dim=dim, precision=precision)
         async with self._guard():
             return await ensure_index(
