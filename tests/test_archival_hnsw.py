@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from archival_reference import reference
 from sqlalchemy import event
 
-from memorm import Agent, Database, UnitOfWork
+from memorm import Agent, Database, UnitOfWork, ValidationError
 
 pytestmark = [
     pytest.mark.anyio,
@@ -86,18 +86,22 @@ async def _search_plan(uow: UnitOfWork, agent: Agent, query: np.ndarray, **optio
     return "\n".join(row[0] for row in rows)
 
 
+async def _hnsw_indexes(uow: UnitOfWork) -> dict[str, str]:
+    rows = await uow.session.execute(
+        sa.text(
+            "SELECT indexname, indexdef FROM pg_indexes "
+            "WHERE schemaname = current_schema() AND indexdef LIKE '%USING hnsw%'"
+        )
+    )
+    return {name: definition for name, definition in rows}
+
+
 async def test_ensure_index_builds_one_partial_hnsw_index_per_shape_and_metric(db: Database) -> None:
     shapes = [("cosine", "float32"), ("l2", "float32"), ("inner_product", "float32"), ("cosine", "float16")]
     async with db.unit_of_work() as uow:
         names = [await uow.passages.ensure_index("m", DIM, m, precision=p) for m, p in shapes]
         again = [await uow.passages.ensure_index("m", DIM, m, precision=p) for m, p in shapes]
-        rows = await uow.session.execute(
-            sa.text(
-                "SELECT indexname, indexdef FROM pg_indexes "
-                "WHERE schemaname = current_schema() AND indexdef LIKE '%USING hnsw%'"
-            )
-        )
-        definitions = {name: definition for name, definition in rows}
+        definitions = await _hnsw_indexes(uow)
     assert again == names
     assert len(set(names)) == 4
     assert set(definitions) == set(names)
@@ -197,3 +201,61 @@ async def test_hnsw_recall_at_10_is_at_least_95_percent_on_clustered_vectors(db:
             exact = set(_exact_cosine(vectors, ids, query, 10))
             recalls.append(len(exact & {hit.passage.id for hit in hits}) / 10)
     assert np.mean(recalls) >= 0.95, recalls
+
+
+async def test_build_options_spliced_into_the_ddl_are_refused_and_a_later_build_still_runs(
+    db: Database,
+) -> None:
+    # The payload: once "WITH (m = 16) WHERE (false) --" reached the
+    # catalog, every later ensure_index found the (empty) index and did nothing.
+    async with db.unit_of_work() as uow:
+        with _capture(db) as sent:
+            with pytest.raises(ValidationError):
+                await uow.passages.ensure_index("m", DIM, "cosine", m="16) WHERE (false) --")  # type: ignore[arg-type]
+            with pytest.raises(ValidationError):
+                await uow.passages.ensure_index(
+                    "m",
+                    DIM,
+                    "cosine",
+                    ef_construction="64) WHERE (false) --",  # type: ignore[arg-type]
+                )
+        assert sent == []  # refused before any statement
+        assert await _hnsw_indexes(uow) == {}
+    async with db.unit_of_work() as uow:
+        name = await uow.passages.ensure_index("m", DIM, "cosine", m=24, ef_construction=100)
+        definitions = await _hnsw_indexes(uow)
+        again = await uow.passages.ensure_index("m", DIM, "cosine", m=24, ef_construction=100)
+    assert again == name
+    assert list(definitions) == [name]
+    assert definitions[name].endswith(
+        f"USING hnsw (((embedding)::vector({DIM})) vector_cosine_ops) "
+        "WITH (m='24', ef_construction='100') "
+        f"WHERE ((embedding_model = 'm'::text) AND (embedding_dim = {DIM}))"
+    )
+
+
+@pytest.mark.parametrize("model", ["x') OR (true) --", "a\\'b%$1", "naïve\nname"], ids=repr)
+async def test_a_model_name_reaches_the_index_predicate_as_one_literal(db: Database, model: str) -> None:
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create("sam")
+        await uow.passages.add_many(
+            agent.id, [{"text": "t", "embedding": v, "embedding_model": model} for v in _unit_vectors(6, 50)]
+        )
+        await uow.passages.add_many(  # another model, named like the start of the payload
+            agent.id, [{"text": "t", "embedding": v, "embedding_model": "x"} for v in _unit_vectors(7, 10)]
+        )
+        name = await uow.passages.ensure_index(model, DIM, "cosine")
+        [predicate] = (
+            await uow.session.execute(
+                sa.text(
+                    "SELECT pg_get_expr(indpred, indrelid) FROM pg_index "
+                    "WHERE indexrelid = to_regclass(:name)"
+                ),
+                {"name": name},
+            )
+        ).scalars()
+        # The predicate holds the name itself: it matches that model's rows and no others.
+        matched = await uow.session.scalar(
+            sa.text(f"SELECT count(*) FROM archival_passages WHERE {predicate}")
+        )
+    assert matched == 50

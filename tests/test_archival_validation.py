@@ -275,3 +275,30 @@ async def test_timezone_free_created_at_is_rejected_on_write(db: Database) -> No
         with pytest.raises(ValidationError):
             await uow.passages.add_many(agent.id, [{"text": "x", "embedding": [1.0, 0.0], "colour": "red"}])
     await _assert_untouched(db, agent)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"m": "16) WHERE (false) --"},
+        {"ef_construction": "64) WHERE (false) --"},
+        {"m": 1},
+        {"m": 101},
+        {"m": True},
+        {"m": 16.0},
+        {"m": None},
+        {"ef_construction": 3},
+        {"ef_construction": 1001},
+        {"ef_construction": False},
+        {"m": 16, "ef_construction": 31},  # pgvector wants ef_construction >= 2 * m
+        {"m": 100, "ef_construction": 199},
+    ],
+    ids=repr,
+)
+async def test_bad_hnsw_build_options_are_rejected(db: Database, options: dict[str, Any]) -> None:
+    async with db.unit_of_work() as uow:
+        with pytest.raises(ValidationError):
+            await uow.passages.ensure_index("default", 2, "cosine", **options)
+        # The bounds themselves are accepted (a no-op on SQLite).
+        await uow.passages.ensure_index("default", 2, "l2", m=2, ef_construction=4)
+        await uow.passages.ensure_index("default", 2, "inner_product", m=100, ef_construction=1000)

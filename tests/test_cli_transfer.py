@@ -157,6 +157,42 @@ def test_copy_moves_every_row_and_a_second_run_adds_nothing(
     assert dump(destination) == expected
 
 
+async def _negative_zeros(url: str) -> None:
+    """Rows whose JSON holds -0.0, nested too: through the API, and as raw text an older memorm wrote."""
+    doc = {"z": -0.0, "nested": [-0.0, {"deep": -0.0}], "kept": -0.5}
+    async with Database(url) as db:
+        await db.upgrade()
+        async with db.unit_of_work() as uow:
+            agent = await uow.agents.create("zero", meta=doc, llm_config=doc)
+            chat = await uow.sessions.create(agent.id, meta=doc)
+            await uow.messages.append(chat.id, [{"role": "user", "content": "hi", "meta": doc}])
+            await uow.passages.add(agent.id, "p", [-0.0, 1.0], meta=doc)
+        async with db.engine.begin() as connection:
+            await connection.exec_driver_sql(
+                """UPDATE messages SET meta = '{"z":-0.0,"nested":[-0.0,{"deep":-0.0}]}'"""
+            )
+
+
+@pytest.mark.postgres
+def test_copy_of_json_negative_zero_from_sqlite_to_postgres_verifies(
+    tmp_path: Path, postgres_urls: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, destination = f"sqlite:///{tmp_path / 'a.db'}", postgres_urls.new()
+    asyncio.run(_negative_zeros(source))
+    assert main(["copy", source, destination]) == 0
+    assert "verified: 5 rows in 5 tables match" in capsys.readouterr().out
+    assert main(["copy", "--verify-only", source, destination]) == 0
+    # Both engines read every zero back unsigned, the raw -0.0 text included.
+    for url in (source, destination):
+        rows = dump(url)
+        [message] = rows["messages"]
+        assert json.dumps(message["meta"]) == '{"z": 0.0, "nested": [0.0, {"deep": 0.0}]}'
+        [agent] = rows["agents"]
+        assert json.dumps(agent["meta"], sort_keys=True) == (
+            '{"kept": -0.5, "nested": [0.0, {"deep": 0.0}], "z": 0.0}'
+        )
+
+
 def test_copy_verification_names_the_table_that_differs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -887,6 +887,37 @@ async def test_forget_narrowed_by_created_at_keeps_newer_rows(db: Database) -> N
         assert [p.text for p in await uow.passages.list(agent.id)] == ["p0", "p3"]
 
 
+async def test_forget_takes_the_tool_answers_of_the_calls_it_deletes(db: Database) -> None:
+    # The answer holds what the call fetched about u42, but only the call was tagged.
+    agent = await new_agent(db)
+    chat = await new_session(
+        db,
+        agent.id,
+        [
+            msg("user", "weather?", meta=U7),
+            msg("assistant", "", calls=("c1", "c2"), meta=U42),
+            msg("tool", f"{SECRET} lives in Oslo", answers="c1"),
+            msg("tool", f"{SECRET} is 41", answers="c2", meta=U7),
+            msg("assistant", "done", meta=U7),
+            msg("assistant", "", calls=("c3",), meta=U7),
+            msg("tool", "sunny", answers="c3"),
+        ],
+    )
+    other = await new_session(
+        db, agent.id, [msg("assistant", "", calls=("c1",)), msg("tool", "kept", answers="c1")]
+    )
+    before = await table_counts(db)
+    async with db.unit_of_work() as uow:
+        assert await uow.agents.forget(U42, dry_run=True) == Removed(messages=3)
+    assert await table_counts(db) == before
+    async with db.unit_of_work() as uow:
+        assert await uow.agents.forget(U42) == Removed(messages=3)
+    assert await _contents(db, chat) == ["weather?", "done", "", "sunny"]
+    assert await _contents(db, other) == ["", "kept"]
+    async with db.unit_of_work(read_only=True) as uow:
+        assert (await uow.messages.search(agent.id, SECRET)).total == 0
+
+
 @pytest.mark.parametrize(
     "where",
     [

@@ -3,6 +3,11 @@
 On Postgres a deadlock aborts one side with a ``ConflictError`` ("deadlock
 detected"); on SQLite writers queue for the one write lock, so these tests pin
 the same outcome there by construction.
+
+Where a writer must be mid-transaction while the deletion starts, it does not
+sleep and hope: it waits until the deletion is seen queued behind the lock it
+holds (:func:`_until_waiting_behind`), so the race is provoked every run, or
+the test fails.
 """
 
 from __future__ import annotations
@@ -12,13 +17,40 @@ from datetime import timedelta
 
 import anyio
 import pytest
+import sqlalchemy as sa
 
-from memorm import Database, NotFoundError
+from memorm import Database, NotFoundError, UnitOfWork
 from memorm.types import utcnow
 
 pytestmark = pytest.mark.anyio
 
 ROUNDS = 8
+HANG_GUARD_S = 60  # turns a deletion that never queues behind the writer into a failure
+
+
+async def _waiting_behind(uow: UnitOfWork) -> int:
+    """How many others wait for a lock this unit of work holds."""
+    if uow.db.dialect == "postgresql":
+        # pg_locks and pg_blocking_pids are live (pg_stat_activity is a per-transaction snapshot).
+        waiting = await uow.session.scalar(
+            sa.text(
+                "SELECT count(*) FROM pg_locks "
+                "WHERE NOT granted AND pg_backend_pid() = ANY(pg_blocking_pids(pid))"
+            )
+        )
+        return int(waiting or 0)
+    # SQLite: this process's writers queue for the one write lock, which a writing unit of work holds.
+    assert uow.db.writer_lock is not None
+    return uow.db.writer_lock.statistics().tasks_waiting
+
+
+async def _until_waiting_behind(uow: UnitOfWork) -> None:
+    """Return once another unit of work is blocked on a lock ``uow`` holds."""
+    with anyio.fail_after(HANG_GUARD_S):
+        # A poll, not a bet on timing: it ends on what it sees.  No event can stand in
+        # for it: the state is in the server's lock table (or inside the writer lock).
+        while not await _waiting_behind(uow):  # noqa: ASYNC110
+            await anyio.sleep(0.005)
 
 
 async def _person(db: Database, n: int) -> tuple[uuid.UUID, uuid.UUID]:
@@ -94,7 +126,7 @@ async def test_forget_waits_for_a_writer_holding_the_session_instead_of_deadlock
         async with db.unit_of_work() as uow:
             await uow.messages.append(chat_id, {"role": "user", "content": "one more"})
             locked.set()
-            await anyio.sleep(0.3)  # forget starts meanwhile
+            await _until_waiting_behind(uow)  # forget is blocked on the session this holds
             await uow.messages.trim(chat_id, keep_last=5)
         order.append("writer")
 
@@ -136,7 +168,7 @@ async def test_delete_before_waits_for_a_writer_holding_the_session(db: Database
         async with db.unit_of_work() as uow:
             await uow.messages.append(chat.id, {"role": "user", "content": "new"})
             locked.set()
-            await anyio.sleep(0.3)  # delete_before starts meanwhile
+            await _until_waiting_behind(uow)  # delete_before is blocked on the session this holds
             assert await uow.messages.trim(chat.id, keep_last=11) == 40
         order.append("writer")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import uuid
 from collections.abc import Awaitable, Callable
@@ -11,9 +12,12 @@ from typing import Any
 
 import pytest
 from conftest import count_rows
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memorm import Database, Session, UnitOfWork, ValidationError
 from memorm.ids import uuid7
+from memorm.types.json import dumps, loads
 
 pytestmark = pytest.mark.anyio
 
@@ -82,6 +86,84 @@ async def test_json_floats_with_large_exponents_come_back_as_floats(db: Database
     async with db.unit_of_work() as uow:
         stored = await uow.agents.get(agent.id)
     assert _typed(stored.meta) == _typed(floats)
+
+
+NEGATIVE_ZEROS: dict[str, Any] = {
+    "zero": -0.0,
+    "nested": [-0.0, {"deep": [-0.0]}, "-0.0 in a string stays"],
+    "near": [-0.05, -0.0001, -1e-300, 0.0, -0],
+}
+
+
+def _signs(value: Any) -> Any:
+    """``value`` with each float paired with its sign, so 0.0 and -0.0 differ."""
+    if isinstance(value, dict):
+        return {key: _signs(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_signs(item) for item in value]
+    return (value, math.copysign(1.0, value)) if isinstance(value, float) else _typed(value)
+
+
+async def test_json_negative_zero_reads_back_as_zero_on_both_engines(db: Database) -> None:
+    # jsonb keeps numbers as numerics, which have no negative zero; SQLite's
+    # text could keep one.  memorm stores what both engines hold: 0.0.
+    chat = await _seed(db)
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create("z", meta=NEGATIVE_ZEROS, core_memory={"n": "-0.0"})
+        await uow.messages.append(chat.id, {"role": "assistant", "meta": NEGATIVE_ZEROS})
+        passage = await uow.passages.add(agent.id, "p", [-0.0, 1.0], meta=NEGATIVE_ZEROS)
+    async with db.unit_of_work(read_only=True) as uow:
+        stored = [
+            (await uow.agents.get(agent.id)).meta,
+            (await uow.messages.window(chat.id))[0].meta,
+            (await uow.passages.get(passage.id)).meta,
+        ]
+    expected = {
+        "zero": 0.0,
+        "nested": [0.0, {"deep": [0.0]}, "-0.0 in a string stays"],
+        "near": [-0.05, -0.0001, -1e-300, 0.0, 0],
+    }
+    assert [_signs(meta) for meta in stored] == [_signs(expected)] * 3
+
+
+def _unsigned_zeros(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _unsigned_zeros(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_unsigned_zeros(item) for item in value]
+    return 0.0 if isinstance(value, float) and value == 0 else value
+
+
+_json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.sampled_from([-0.0, 0.0, -0.05, -1e-300])
+    | st.text(alphabet=st.sampled_from('-0.e5"\\ab'), max_size=12),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_json_values)
+def test_json_codec_keeps_every_value_but_the_sign_of_zero(value: Any) -> None:
+    expected = _signs(_unsigned_zeros(value))
+    assert _signs(loads(dumps(value))) == expected
+    # Text another program wrote (with its negative zeros) reads the same way.
+    assert _signs(loads(json.dumps(value))) == expected
+    assert _signs(loads(json.dumps(value).encode())) == expected
+
+
+def test_json_codec_reads_every_spelling_of_negative_zero_unsigned() -> None:
+    for spelling in ("-0.0", "-0.00", "-0e5", "-0E-3", "-0.0e+1"):
+        assert _signs(loads(f"[{spelling}, -0.05]")) == [(0.0, 1.0), (-0.05, -1.0)]
+    assert loads("[-0]") == [0]
+    # Inside strings nothing changes, escaped quotes included.
+    assert dumps({"s": 'a\\"-0.0', "z": -0.0, "w": -0.05}) == '{"s":"a\\\\\\"-0.0","z":0.0,"w":-0.05}'
 
 
 async def test_unicode_text_round_trips_exactly_in_every_text_field(db: Database) -> None:

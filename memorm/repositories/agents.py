@@ -13,6 +13,7 @@ from memorm.errors import ConflictError, NotFoundError, ValidationError
 from memorm.models import AGENTS, MESSAGES, PASSAGES, SESSIONS, Agent
 from memorm.page import Page
 from memorm.repositories.base import Repository
+from memorm.repositories.message_retention import with_answers
 from memorm.retention import Removed
 from memorm.search.filters import Filter, filter_conditions
 from memorm.search.fts_ddl import MESSAGES_FTS, PASSAGES_FTS
@@ -207,7 +208,9 @@ class AgentRepository(Repository):
         ``where`` is a filter as in archival search (at least one ``meta`` key;
         ``$in`` lists and a ``created_at`` range may narrow it).  A matching
         agent goes with all its sessions, messages and passages; a matching
-        session with all its messages.  The full-text indexes lose the
+        session with all its messages; a matching message with its tool
+        answers (as in :meth:`~memorm.repositories.MessageRepository.delete_before`),
+        whatever their own ``meta``.  The full-text indexes lose the
         deleted text too (on SQLite the index is merged, so not even its
         segments hold it) and vector caches drop the deleted vectors.  Returns
         the counts removed (with ``dry_run``, that would be; nothing changes).
@@ -224,7 +227,8 @@ class AgentRepository(Repository):
             for table in (SESSIONS, MESSAGES, PASSAGES)
         }
         sessions = sa.select(SESSIONS.c.id).where(sa.or_(SESSIONS.c.agent_id.in_(agents), tagged["sessions"]))
-        messages = sa.or_(MESSAGES.c.session_id.in_(sessions), tagged["messages"])
+        # A deleted tool call takes its answers, which hold what the call fetched about the person.
+        messages = with_answers(sa.or_(MESSAGES.c.session_id.in_(sessions), tagged["messages"]))
         passages = sa.or_(PASSAGES.c.agent_id.in_(agents), tagged["archival_passages"])
         if dry_run:
             return Removed(

@@ -19,7 +19,7 @@ from memorm.models import MESSAGES, SESSIONS
 from memorm.repositories.message_queries import MessageQueries
 from memorm.validation import as_uuid, check_aware
 
-__all__ = ["MessageRetention"]
+__all__ = ["MessageRetention", "with_answers"]
 
 OLD_BATCH = 10_000  # messages per DELETE in delete_before
 
@@ -41,6 +41,23 @@ def _previous(answer: sa.FromClause, column: str) -> sa.ScalarSelect[Any]:
         .limit(1)
         .scalar_subquery()
     )
+
+
+def with_answers(doomed: ColumnElement[bool]) -> ColumnElement[bool]:
+    """The messages matching ``doomed`` (a condition on ``messages``), and their tool answers.
+
+    The answers are found as :meth:`MessageRetention.delete_before` finds them:
+    the ``tool`` messages whose block (the nearest earlier message of another
+    role) starts with a doomed message, whatever their own columns hold.
+    """
+    answer = MESSAGES.alias("answer")
+    # Uncorrelated: inside a DELETE FROM messages, these must still read the table afresh.
+    heads = sa.select(MESSAGES.c.id).where(doomed).correlate(None)
+    chats = sa.select(MESSAGES.c.session_id).where(doomed).correlate(None)
+    answers = sa.select(answer.c.id).where(
+        answer.c.role == "tool", answer.c.session_id.in_(chats), _previous(answer, "id").in_(heads)
+    )
+    return sa.or_(doomed, MESSAGES.c.id.in_(answers))
 
 
 def _newer_answers(

@@ -45,6 +45,14 @@ def _check_model_name(name: object) -> str:
     return model
 
 
+def _check_shape(dim: object, precision: object) -> None:
+    """An embedding model's shape: 1 to 16,000 dimensions, stored at one of :data:`_PRECISIONS`."""
+    if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= 16000:
+        raise ValidationError(f"dim: expected an integer from 1 to 16,000, got {dim!r}")
+    if precision not in _PRECISIONS:
+        raise ValidationError(f"precision: {precision!r} is not one of {', '.join(_PRECISIONS)}")
+
+
 FLOAT16_MAX = 65504.0
 
 

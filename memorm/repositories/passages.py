@@ -25,11 +25,11 @@ from memorm.models import AGENTS, PASSAGES, ArchivalPassage, EmbeddingModel, hyd
 from memorm.repositories.passage_queries import (
     _COLUMNS,
     _ITEM_FIELDS,
-    _PRECISIONS,
     PassageInput,
     PassageQueries,
     _check_half,
     _check_model_name,
+    _check_shape,
 )
 from memorm.search.filters import Filter
 from memorm.search.vector import (
@@ -66,10 +66,7 @@ class PassageRepository(PassageQueries):
         """
         key = as_uuid(agent_id, "agent_id")
         model = _check_model_name(name)
-        if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= 16000:
-            raise ValidationError(f"dim: expected an integer from 1 to 16,000, got {dim!r}")
-        if precision not in _PRECISIONS:
-            raise ValidationError(f"precision: {precision!r} is not one of {', '.join(_PRECISIONS)}")
+        _check_shape(dim, precision)
         await self._require_agent(key)
         found = await self._model(key, model, dim, precision=precision, check_dim=False)
         if (found.dim, found.precision) != (dim, precision):
@@ -325,12 +322,11 @@ class PassageRepository(PassageQueries):
         A no-op on SQLite, which searches exactly.  Runs inside the unit of
         work, and ``CREATE INDEX`` blocks writes to the table while it builds:
         for a live table, use the migration pattern in the docs
-        (``CREATE INDEX CONCURRENTLY``).
+        (``CREATE INDEX CONCURRENTLY``).  ``m`` (2 to 100) and ``ef_construction``
+        (4 to 1000, at least ``2 * m``) are pgvector's build options; other
+        values raise ``ValidationError`` on both engines.
         """
-        if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= 16000:
-            raise ValidationError(f"dim: expected an integer from 1 to 16,000, got {dim!r}")
-        if precision not in _PRECISIONS:
-            raise ValidationError(f"precision: {precision!r} is not one of {', '.join(_PRECISIONS)}")
+        _check_shape(dim, precision)
         shape = EmbeddingModel(name=_check_model_name(embedding_model), dim=dim, precision=precision)
         async with self._guard():
             return await ensure_index(

@@ -55,6 +55,7 @@ __all__ = [
     "METRICS",
     "ScoredPassage",
     "VectorCache",
+    "check_build_options",
     "ensure_index",
     "index_name",
     "nearest",
@@ -65,6 +66,9 @@ METRICS = ("cosine", "l2", "inner_product")
 _OPERATORS = {"cosine": "<=>", "l2": "<->", "inner_product": "<#>"}
 _OPS_CLASS = {"cosine": "cosine_ops", "l2": "l2_ops", "inner_product": "ip_ops"}
 DEFAULT_EF_SEARCH = 40  # pgvector's own default
+# pgvector's HNSW build options and their bounds (hnsw.h; the server refuses others).
+_M = (2, 100)
+_EF_CONSTRUCTION = (4, 1000)
 ARCHIVE_WRITES = "memorm_archive_writes"  # AsyncSession.info: agents whose archive this unit of work changed
 _TIE_MARGIN = 16  # rows read past k+offset, so equal distances there can be ordered by id
 _THREAD_ABOVE = 200_000  # matrix cells; smaller searches run inline (a thread hop costs ~0.1 ms)
@@ -92,6 +96,24 @@ def check_metric(metric: object) -> str:
     if metric not in METRICS:
         raise ValidationError(f"metric: {metric!r} is not one of {', '.join(METRICS)}")
     return str(metric)
+
+
+def _bounded(value: object, field: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValidationError(f"{field}: expected an integer from {low} to {high}, got {value!r:.80}")
+    return int(value)  # a plain int: a subclass's own __str__ never reaches the DDL
+
+
+def check_build_options(m: object, ef_construction: object) -> tuple[int, int]:
+    """HNSW build options as pgvector takes them: ``m`` 2..100, ``ef_construction`` 4..1000 and >= 2m.
+
+    Checked on both engines, so code that passes on SQLite is not refused by Postgres.
+    """
+    links = _bounded(m, "m", *_M)
+    candidates = _bounded(ef_construction, "ef_construction", *_EF_CONSTRUCTION)
+    if candidates < 2 * links:
+        raise ValidationError(f"ef_construction: must be at least 2 * m ({2 * links}), got {candidates}")
+    return links, candidates
 
 
 # -- Postgres ----------------------------------------------------------------------------------
@@ -131,7 +153,13 @@ def _model_predicate(model: EmbeddingModel) -> ColumnElement[bool]:
 async def ensure_index(
     session: AsyncSession, model: EmbeddingModel, metric: str, *, m: int, ef_construction: int
 ) -> str:
-    """Create the HNSW index for ``model`` and ``metric`` if it does not exist (Postgres only)."""
+    """Create the HNSW index for ``model`` and ``metric`` if it does not exist (Postgres only).
+
+    Storage parameters cannot be bound, so the DDL carries only the checked
+    integers; the model name reaches it as a quoted literal.
+    """
+    links, candidates = check_build_options(m, ef_construction)
+    check_metric(metric)
     connection = await session.connection()
     if connection.dialect.name != "postgresql":
         return ""  # SQLite searches exactly; there is nothing to build
@@ -141,7 +169,7 @@ async def ensure_index(
         name,
         _pg_column(model, _DETACHED).label("embedding"),
         postgresql_using="hnsw",
-        postgresql_with={"m": m, "ef_construction": ef_construction},
+        postgresql_with={"m": links, "ef_construction": candidates},
         postgresql_ops={"embedding": ops},
         postgresql_where=sa.and_(
             _DETACHED.c.embedding_model == sa.literal(model.name),

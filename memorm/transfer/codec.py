@@ -31,6 +31,12 @@ def _encode_datetime(value: datetime) -> str:
     return value.isoformat()
 
 
+def _decode_uuid(value: object) -> uuid.UUID:
+    if not isinstance(value, str):  # uuid.UUID(5) raises AttributeError
+        raise TypeError(f"expected a UUID string, got {type(value).__name__}")
+    return uuid.UUID(value)
+
+
 def _decode_datetime(value: str) -> datetime:
     parsed = datetime.fromisoformat(value)
     if parsed.tzinfo is None:
@@ -56,7 +62,7 @@ def _decoders(table: sa.Table) -> tuple[Convert, ...]:
     decoders: list[Convert] = []
     for column in table.c:
         if isinstance(column.type, UUIDType):
-            decoders.append(uuid.UUID)
+            decoders.append(_decode_uuid)
         elif isinstance(column.type, UTCDateTime):
             decoders.append(_decode_datetime)
         else:

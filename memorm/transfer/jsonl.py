@@ -12,6 +12,11 @@ Rows use the JSON-safe encoding of :mod:`memorm.transfer.codec`.  The header's
 counts are taken before the rows are read (for progress); the end record's
 are exact, and its absence marks a truncated file.  Files ending in ``.gz``
 are gzip-compressed.
+
+An import reads the file twice: it checks every row first, alone
+(:mod:`memorm.transfer.checks`) and against the others and the database
+(:mod:`memorm.transfer.references`), so a bad file is refused by line with
+nothing written; then it writes.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ import gzip
 import io
 import json
 import os
+from collections.abc import Generator, Iterable, Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -30,7 +37,9 @@ from alembic.script import ScriptDirectory
 from memorm.db import Database
 from memorm.errors import SchemaError, ValidationError
 from memorm.migrate import alembic_config, head_revision
+from memorm.transfer.checks import check_row
 from memorm.transfer.codec import from_json_row, to_json_row
+from memorm.transfer.references import FileCheck, Numbered, Pending
 from memorm.transfer.rows import (
     DEFAULT_BATCH_SIZE,
     TABLES,
@@ -57,7 +66,7 @@ class ImportReport:
 
 
 def _open(path: Path, mode: str, *, name: Path | None = None) -> IO[str]:
-    """``path`` as text; gzip-compressed if ``name`` (default ``path``) ends in ``.gz``."""
+    """``path`` as text to write; gzip-compressed if ``name`` (default ``path``) ends in ``.gz``."""
     if (name or path).name.endswith(".gz"):
         return io.TextIOWrapper(gzip.GzipFile(path, mode), encoding="utf-8", newline="\n")
     return open(path, mode, encoding="utf-8", newline="\n")
@@ -126,14 +135,95 @@ def check_revision(revision: object, *, where: str = "the file") -> None:
         )
 
 
-def _record(line: str, where: str) -> dict[str, Any]:
-    try:
-        record = json.loads(line)
-    except ValueError:
-        raise ValidationError(f"{where}: not a line of JSON") from None
-    if not isinstance(record, dict):
-        raise ValidationError(f"{where}: expected a JSON object")
-    return record
+def _records(source: Path) -> Generator[tuple[int, str, dict[str, Any]], None, None]:
+    """Each line of ``source`` as a JSON object, with its number and ``file:line``.
+
+    Lines are split and decoded here, not by a text reader, so a line that is
+    not UTF-8 is named exactly (a reader decodes ahead, a chunk at a time).
+    """
+    number = 0
+    with gzip.open(source, "rb") if source.name.endswith(".gz") else open(source, "rb") as lines:
+        try:
+            for number, raw in enumerate(lines, start=1):
+                where = f"{source}:{number}"
+                try:
+                    record = json.loads(raw.decode("utf-8"))
+                except UnicodeDecodeError:
+                    raise ValidationError(f"{where}: not UTF-8 text") from None
+                except RecursionError:
+                    raise ValidationError(f"{where}: JSON nested too deeply") from None
+                except ValueError:
+                    raise ValidationError(f"{where}: not a line of JSON") from None
+                if not isinstance(record, dict):
+                    raise ValidationError(f"{where}: expected a JSON object")
+                yield number, where, record
+        except (EOFError, gzip.BadGzipFile) as error:  # a gzip stream cut short, or none
+            raise ValidationError(f"{source}:{number + 1}: unreadable ({error})") from None
+
+
+def _rows(source: Path, *, older: bool) -> Iterator[Numbered]:
+    """The rows of the export at ``source`` (after its header), decoded, with their lines.
+
+    Raises:
+        ValidationError: a line that is no record of a memorm table, or an end
+            record that is missing, not last, or counts other rows than the file holds.
+    """
+    seen = {table.name: 0 for table in TABLES}
+    end: object = None
+    for number, where, record in _records(source):
+        if number == 1:
+            continue  # the header, read by the caller
+        if end is not None:
+            raise ValidationError(f"{where}: data after the end record")
+        if "end" in record:
+            end = record.get("tables")
+            continue
+        try:
+            table = table_named(record.get("table"))
+        except KeyError:
+            raise ValidationError(f"{where}: {record.get('table')!r} is not a memorm table") from None
+        data = record.get("row")
+        if not isinstance(data, dict):
+            raise ValidationError(f'{where}: expected a "row" object')
+        try:
+            row = from_json_row(table, data, older=older)
+        except ValidationError as error:
+            raise ValidationError(f"{where}: {error}") from None
+        seen[table.name] += 1
+        yield number, where, table, row
+    if end is None:
+        raise ValidationError(f"{source} ends early (no end record): a truncated export?")
+    if end != seen:
+        raise ValidationError(f"{source}: its end record counts {end}, but it holds {seen}")
+
+
+async def _check_rows(
+    db: Database, rows: Iterable[Numbered], source: str, *, batch_size: int, reporter: Reporter
+) -> None:
+    """Check every row of an export, alone and against the others and ``db``; write nothing.
+
+    Raises:
+        ValidationError: the first problem found, naming its line.
+    """
+    check = FileCheck(db)
+    table: sa.Table | None = None
+    pending: Pending = []
+    for line, where, target, row in rows:
+        try:
+            values = check_row(target, row)
+        except ValidationError as error:
+            raise ValidationError(f"{where}: {error}") from None
+        check.order(target, values, where)
+        if target is not table or len(pending) >= batch_size:
+            if table is not None and pending:
+                await check.batch(table, pending)
+                reporter.advance("check", len(pending))
+            table, pending = target, []
+        pending.append((where, line, values))
+    if table is not None and pending:
+        await check.batch(table, pending)
+        reporter.advance("check", len(pending))
+    check.finish(source)
 
 
 async def import_jsonl(
@@ -147,64 +237,48 @@ async def import_jsonl(
 
     ``db`` must be at the head revision (``SchemaError`` otherwise; run
     ``memorm db upgrade`` first), and the file must not come from a newer one.
-    Each batch commits on its own: after a failure, importing again finishes the job.
+    The whole file is checked first, each row as the API checks its input and
+    against the other rows and ``db`` (see :mod:`memorm.transfer.references`):
+    a bad file raises ``ValidationError`` naming the line, and nothing is
+    written.  Then each batch commits on its own: after a failure (a lost
+    connection), importing again finishes the job.
     """
     report = reporter or Silent()
     source = Path(path)
     await db.check_schema()
-    with _open(source, "r") as lines:
-        try:
-            header = _record(next(lines, "null"), f"{source}:1")
-        except ValidationError:
-            header = {}
-        if "memorm" not in header or not isinstance(header.get("tables"), dict):
-            raise ValidationError(f"{source} is not a memorm export (its first line is no memorm header)")
-        check_revision(header.get("revision"), where=str(source))
-        older = header.get("revision") != head_revision()  # its rows may lack columns added since
-        result = ImportReport(header=header)
-        seen = {table.name: 0 for table in TABLES}
-        table: sa.Table | None = None
-        batch: list[Row] = []
-        end: object = None
+    try:
+        with closing(_records(source)) as records:
+            header = next(records, (1, "", {}))[2]
+    except ValidationError:
+        header = {}
+    if "memorm" not in header or not isinstance(header.get("tables"), dict):
+        raise ValidationError(f"{source} is not a memorm export (its first line is no memorm header)")
+    check_revision(header.get("revision"), where=str(source))
+    older = header.get("revision") != head_revision()  # its rows may lack columns added since
+    counts = header["tables"]
+    report.start("check", sum(n for n in counts.values() if isinstance(n, int) and not isinstance(n, bool)))
+    await _check_rows(db, _rows(source, older=older), str(source), batch_size=batch_size, reporter=report)
 
-        async def flush() -> None:
-            if table is not None and batch:
-                fresh = await insert_new(db, table, batch)
-                result.inserted[table.name] += fresh
-                result.skipped[table.name] += len(batch) - fresh
-                report.advance(table.name, len(batch))
-                batch.clear()
+    result = ImportReport(header=header)
+    table: sa.Table | None = None
+    batch: list[Row] = []
 
-        for number, line in enumerate(lines, start=2):
-            where = f"{source}:{number}"
-            if end is not None:
-                raise ValidationError(f"{where}: data after the end record")
-            record = _record(line, where)
-            if "end" in record:
-                end = record.get("tables")
-                continue
-            try:
-                target = table_named(record.get("table"))
-            except KeyError:
-                raise ValidationError(f"{where}: {record.get('table')!r} is not a memorm table") from None
-            data = record.get("row")
-            if not isinstance(data, dict):
-                raise ValidationError(f'{where}: expected a "row" object')
-            try:
-                row = from_json_row(target, data, older=older)
-            except ValidationError as error:
-                raise ValidationError(f"{where}: {error}") from None
-            if target is not table:
-                await flush()
-                table = target
-                report.start(table.name, int(header["tables"].get(table.name) or 0))
-            batch.append(row)
-            seen[table.name] += 1
-            if len(batch) >= batch_size:
-                await flush()
-        await flush()
-    if end is None:
-        raise ValidationError(f"{source} ends early (no end record): a truncated export?")
-    if end != seen:
-        raise ValidationError(f"{source}: its end record counts {end}, but it holds {seen}")
+    async def flush() -> None:
+        if table is not None and batch:
+            fresh = await insert_new(db, table, batch)
+            result.inserted[table.name] += fresh
+            result.skipped[table.name] += len(batch) - fresh
+            report.advance(table.name, len(batch))
+            batch.clear()
+
+    for _, _, target, row in _rows(source, older=older):
+        if target is not table:
+            await flush()
+            table = target
+            count = counts.get(table.name)
+            report.start(table.name, count if isinstance(count, int) else 0)
+        batch.append(row)
+        if len(batch) >= batch_size:
+            await flush()
+    await flush()
     return result

@@ -1,16 +1,20 @@
-"""Load: 200 concurrent chat sessions and a few archival writers on one ``Database``.
+"""Load: 200 concurrent chat sessions, two appenders sharing one more, archival writers: one ``Database``.
 
 Every write the test saw acknowledged (its unit of work exited without error)
 must be in the database exactly once, every session's ``seq`` must run 1..n
-without gaps, no pooled connection may leak and no task may see any error
-("database is locked" least of all).  The run is bounded in operations, not in
+without gaps (the shared session's too, its two writers racing for each
+number), no pooled connection of any ``Database`` the test opens may leak
+(still checked out, or left for the garbage collector to find) and no task
+may see any error ("database is locked" least of all).  The run is bounded in operations, not in
 time; throughput and latencies are printed (``pytest -s``) and written to
 ``.bench/reliability-load-<engine>.json`` for docs/reliability.md, never asserted.
 """
 
 from __future__ import annotations
 
+import gc
 import json
+import logging
 import math
 import os
 import platform
@@ -39,6 +43,7 @@ SESSIONS = 200
 ROUNDS = 5
 AGENTS = 10  # sessions are spread over agents, so searches scan more than one session's rows
 PASSAGE_WRITERS = 4
+DUET_APPENDS = 20  # by each of the two appenders sharing a session
 PASSAGES_PER_WRITER = 25
 DIM = 8
 WORD = "ledgerword"  # in every message: a session-scoped search must find all of them
@@ -127,6 +132,31 @@ async def _chat(db: Database, run: Run, agent_id: uuid.UUID, session_id: uuid.UU
             run.errors.append(f"{where}:\n{traceback.format_exc()}")
 
 
+@dataclass
+class Duet:
+    """Two appenders of one session, released together once both are running."""
+
+    session_id: uuid.UUID
+    ready: list[str] = field(default_factory=list)
+    both: anyio.Event = field(default_factory=anyio.Event)
+
+
+async def _duet(db: Database, run: Run, duet: Duet, voice: str) -> None:
+    """One of the two appenders: ``DUET_APPENDS`` appends, each its own unit of work."""
+    acknowledged = run.messages[duet.session_id]
+    duet.ready.append(voice)
+    if len(duet.ready) == 2:
+        duet.both.set()
+    await duet.both.wait()
+    for number in range(DUET_APPENDS):
+        content = f"{WORD} duet {voice} {number}"
+        try:
+            seq = await run.timed("append", number == 0, _append, db, duet.session_id, "user", content)
+            acknowledged.append((seq, content))
+        except Exception:
+            run.errors.append(f"duet {voice} append {number}:\n{traceback.format_exc()}")
+
+
 async def _archivist(db: Database, run: Run, agent_id: uuid.UUID, writer: int) -> None:
     """A background writer adding archival passages, one unit of work each."""
     rng = random.Random(writer)
@@ -198,6 +228,29 @@ def _report(summary: dict[str, Any]) -> None:
         )
 
 
+class _GarbageCollectedConnections(logging.Handler):
+    """Collects SQLAlchemy's reports of pooled connections found by the garbage collector.
+
+    A connection that is never returned and no longer referenced is cleaned
+    up by the garbage collector, which decrements ``checkedout()``: only this
+    report tells such a leak apart.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.found: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "garbage collector" in record.getMessage():
+            self.found.append(record.getMessage())
+
+
+def _assert_no_leak(db: Database, collected: _GarbageCollectedConnections, name: str) -> None:
+    gc.collect()  # whatever an unreferenced leak left behind is reported now, not at some later test
+    assert collected.found == [], f"{name}: a pooled connection was left to the garbage collector"
+    assert db.engine.pool.checkedout() == 0, f"{name}: a pooled connection is still checked out"
+
+
 async def test_concurrent_sessions_lose_no_acknowledged_write(
     db: Database, store: Store, engine: str
 ) -> None:
@@ -209,7 +262,10 @@ async def test_concurrent_sessions_lose_no_acknowledged_write(
         ]
         archive = agents[0]
         await uow.passages.define_model(archive, "default", DIM)
+        duet = Duet((await uow.sessions.create(agents[1])).id)
 
+    collected = _GarbageCollectedConnections()
+    logging.getLogger("sqlalchemy.pool").addHandler(collected)
     run = Run()
     loaded = store.database(**POOL[engine])  # one Database shared by every task, as in a server
     try:
@@ -218,34 +274,43 @@ async def test_concurrent_sessions_lose_no_acknowledged_write(
             async with anyio.create_task_group() as group:
                 for index, (agent_id, session_id) in enumerate(chats):
                     group.start_soon(_chat, loaded, run, agent_id, session_id, index)
+                for voice in ("left", "right"):
+                    group.start_soon(_duet, loaded, run, duet, voice)
                 for writer in range(PASSAGE_WRITERS):
                     group.start_soon(_archivist, loaded, run, archive, writer)
         elapsed = time.perf_counter() - started
-        assert loaded.engine.pool.checkedout() == 0, "a pooled connection leaked"
+        _assert_no_leak(loaded, collected, "the Database under load")
     finally:
         await loaded.dispose()
+        logging.getLogger("sqlalchemy.pool").removeHandler(collected)
 
     _report(_summary(engine, run, elapsed))
     assert run.errors == [], f"{len(run.errors)} errors, first:\n{run.errors[0]}"
     assert run.mismatches == [], f"{len(run.mismatches)} stale reads, first: {run.mismatches[0]}"
 
     # Every acknowledged message exactly once, in order, and nothing unacknowledged.
+    sessions = [*(session_id for _, session_id in chats), duet.session_id]
     async with db.unit_of_work(read_only=True) as uow:
-        for index, (_agent_id, session_id) in enumerate(chats):
-            stored = await uow.messages.window(session_id, after_seq=0, limit=ROUNDS + 10)
+        for index, session_id in enumerate(sessions):
+            stored = await uow.messages.window(session_id, after_seq=0, limit=2 * DUET_APPENDS + 10)
             expected = sorted(run.messages[session_id])
             assert [(message.seq, message.content) for message in stored] == expected, f"session {index}"
-            assert [seq for seq, _ in expected] == list(range(1, ROUNDS + 1)), f"session {index} seq"
-            assert (await uow.sessions.get(session_id)).next_seq == ROUNDS + 1
+            assert [seq for seq, _ in expected] == list(range(1, len(expected) + 1)), f"session {index} seq"
+            assert (await uow.sessions.get(session_id)).next_seq == len(expected) + 1
         passages = await uow.passages.list(archive, limit=PASSAGE_WRITERS * PASSAGES_PER_WRITER)
         assert {passage.id: passage.text for passage in passages} == run.passages
         assert await uow.passages.count(archive) == len(run.passages)
+    # Each of the duet's appenders saw its own appends take ever later numbers.
+    for voice in ("left", "right"):
+        mine = [seq for seq, content in run.messages[duet.session_id] if f" {voice} " in content]
+        assert len(mine) == DUET_APPENDS, voice
+        assert mine == sorted(mine), voice
     acknowledged = sum(len(entries) for entries in run.messages.values())
-    assert acknowledged == SESSIONS * ROUNDS
+    assert acknowledged == SESSIONS * ROUNDS + 2 * DUET_APPENDS
     assert await count_rows(db, "messages") == acknowledged
     assert (
         await count_rows(db, "archival_passages")
         == len(run.passages)
         == PASSAGE_WRITERS * PASSAGES_PER_WRITER
     )
-    assert db.engine.pool.checkedout() == 0
+    _assert_no_leak(db, collected, "the fixture's Database")

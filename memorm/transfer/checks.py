@@ -1,0 +1,148 @@
+"""One exported row, checked as the public API checks its input, before an import writes anything.
+
+The rules are the API's own functions (:mod:`memorm.validation` and the
+repositories' input checks), applied to the columns the API takes from
+callers; the columns it assigns itself (counters, sequence numbers, the
+agent of a message) get the storage rules every column has: not null where
+the schema says so, integers that fit their column, text without NUL or
+lone surrogates, finite JSON.  Checks that need other rows (a message's
+agent is its session's, a vector has its model's shape) live in
+:mod:`memorm.transfer.references`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+import sqlalchemy as sa
+
+from memorm.errors import ValidationError
+from memorm.repositories.agents import _check_core_memory, _check_name, _check_retention
+from memorm.repositories.message_input import _GIVEN, check_int, check_message
+from memorm.repositories.passage_queries import _check_half, _check_model_name, _check_shape
+from memorm.repositories.sessions import _check_key
+from memorm.transfer.rows import column_names
+from memorm.types import JSONType, VectorType
+from memorm.validation import check_json, check_json_object, check_text, check_vector
+
+__all__ = ["check_row", "vector_of"]
+
+Values = dict[str, Any]
+Rule = Callable[[Any, str], object]
+
+
+def _fits(bits: int) -> Rule:
+    def check(value: Any, name: str) -> None:
+        check_int(value, name)
+        if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
+            raise ValidationError(f"{name}: {value} does not fit in {bits} bits")
+
+    return check
+
+
+def _text(length: int | None) -> Rule:
+    def check(value: Any, name: str) -> None:
+        check_text(value, name)
+        if length is not None and len(value) > length:
+            raise ValidationError(f"{name}: longer than {length} characters")
+
+    return check
+
+
+def _rule(kind: sa.types.TypeEngine[Any]) -> Rule | None:
+    """The storage rule of a column type (None: the codec's decoding was the check)."""
+    if isinstance(kind, sa.Integer):  # BigInteger is one too
+        return _fits(64 if isinstance(kind, sa.BigInteger) else 32)
+    if isinstance(kind, sa.String):  # Text too
+        return _text(kind.length)
+    if isinstance(kind, JSONType):
+        return check_json
+    if isinstance(kind, VectorType):
+        return check_vector
+    return None
+
+
+@cache
+def _rules(table: sa.Table) -> tuple[tuple[str, bool, Rule | None], ...]:
+    return tuple((column.name, bool(column.nullable), _rule(column.type)) for column in table.c)
+
+
+def _storage(table: sa.Table, values: Values) -> None:
+    """What every column needs to be stored alike on both engines."""
+    for name, nullable, rule in _rules(table):
+        value = values[name]
+        if value is None:
+            if not nullable:
+                raise ValidationError(f"{name}: must not be null")
+        elif rule is not None:
+            rule(value, name)
+
+
+def _agent(values: Values) -> None:
+    _check_name(values["name"])
+    _check_core_memory(values["core_memory"])
+    check_json_object(values["llm_config"], "llm_config")
+    _check_retention(values["retention"])
+    check_int(values["version"], "version", minimum=1)
+    check_int(values["archive_version"], "archive_version", minimum=0)
+
+
+def _model(values: Values) -> None:
+    _check_model_name(values["name"])
+    _check_shape(values["dim"], values["precision"])
+
+
+def _session(values: Values) -> None:
+    if values["key"] is not None:
+        _check_key(values["key"])
+    check_int(values["next_seq"], "next_seq", minimum=1)
+
+
+def _message(values: Values) -> None:
+    try:
+        check_message({name: values[name] for name in _GIVEN}, 0)
+    except ValidationError as error:  # its fields are named for a batch: messages[0].role
+        raise ValidationError(str(error).removeprefix("messages[0].")) from None
+
+
+def vector_of(values: Values) -> tuple[list[float], bool]:
+    """A passage row's vector, and whether it is the half-precision column that holds it."""
+    full, half = values["embedding"], values["embedding_half"]
+    if (full is None) == (half is None):
+        raise ValidationError("embedding: exactly one of embedding and embedding_half holds the vector")
+    return (full, False) if half is None else (half, True)
+
+
+def _passage(values: Values) -> None:
+    _check_model_name(values["embedding_model"])
+    vector, half = vector_of(values)
+    if half:
+        _check_half([vector])
+    check_int(values["embedding_dim"], "embedding_dim", minimum=1)
+
+
+_CHECKS: dict[str, Callable[[Values], None]] = {
+    "agents": _agent,
+    "embedding_models": _model,
+    "sessions": _session,
+    "messages": _message,
+    "archival_passages": _passage,
+}
+
+
+def check_row(table: sa.Table, row: tuple[Any, ...]) -> Values:
+    """``row`` of ``table`` as a dict by column, checked; ``ValidationError`` names the column.
+
+    Raises:
+        ValidationError: ``table.column: problem``.
+    """
+    values = dict(zip(column_names(table), row, strict=True))
+    try:
+        _storage(table, values)
+        check_json_object(values["meta"], "meta")
+        _CHECKS[table.name](values)
+    except ValidationError as error:
+        raise ValidationError(f"{table.name}.{error}") from None
+    return values
