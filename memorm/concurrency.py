@@ -75,6 +75,10 @@ class CrossLoopLock:
         """Whether some task holds the lock."""
         return self._locked
 
+    def waiting(self) -> int:
+        """How many tasks wait for the lock."""
+        return len(self._waiters)
+
     async def acquire(self) -> None:
         """Wait for the lock (cancellable: a cancelled waiter leaves the queue)."""
         loop = asyncio.get_running_loop()

@@ -41,7 +41,7 @@ async def _waiting_behind(uow: UnitOfWork) -> int:
         return int(waiting or 0)
     # SQLite: this process's writers queue for the one write lock, which a writing unit of work holds.
     assert uow.db.writer_lock is not None
-    return uow.db.writer_lock.statistics().tasks_waiting
+    return uow.db.writer_lock.waiting()
 
 
 async def _until_waiting_behind(uow: UnitOfWork) -> None:
