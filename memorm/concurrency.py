@@ -37,11 +37,13 @@ async def protect(awaitable: Awaitable[T]) -> T:
     The work runs in a task of its own, which no cancellation of the caller
     reaches (neither anyio's, held off by a shielded scope, nor asyncio's,
     held off by ``asyncio.shield``).  When the caller was cancelled
-    meanwhile, the cancellation is raised once the work is done; an anyio
-    cancellation is delivered at the caller's next checkpoint, as usual.
+    meanwhile, the cancellation is raised once the work is done, even if the
+    work failed (the failure is its ``__cause__``); an anyio cancellation is
+    delivered at the caller's next checkpoint, as usual.
     """
     task = asyncio.ensure_future(awaitable)
     cancelled: asyncio.CancelledError | None = None
+    failure: BaseException | None = None
     with anyio.CancelScope(shield=True):
         while True:
             try:
@@ -51,8 +53,15 @@ async def protect(awaitable: Awaitable[T]) -> T:
                 if task.done():  # the work itself was cancelled (the loop is shutting down)
                     raise
                 cancelled = error  # keep waiting: the work must not be abandoned halfway
+            except BaseException as error:
+                if cancelled is None:
+                    raise
+                failure = error
+                break
     if cancelled is not None:
-        raise cancelled
+        # Cancellation must propagate, even past a failure of the work (kept as its cause):
+        # a caller that asked to stop gets CancelledError, as asyncio's machinery expects.
+        raise cancelled from failure
     return result
 
 

@@ -139,7 +139,7 @@ class Engines:
                 except (asyncio.TimeoutError, RuntimeError):
                     future.cancel()
             else:
-                self._abandon(state)
+                await self._abandon(state)
         await self.dispose_current()
 
     def _new(self) -> LoopEngine:
@@ -184,18 +184,27 @@ class Engines:
         with self._mutex:
             self._free.append(state)
 
-    def _abandon(self, state: LoopEngine) -> None:
-        """Close a dead loop's connections without it: nothing can be awaited there any more."""
+    async def _abandon(self, state: LoopEngine) -> None:
+        """Close a dead loop's connections from here: nothing can be awaited on that loop any more."""
         with self._mutex:
             if state.loop is not None and self._by_loop.get(state.loop) is state:
                 del self._by_loop[state.loop]
+        stopping: list[asyncio.Future[Any]] = []
         for driver in state.drivers:
+            if _is_closed(driver):
+                continue
             with contextlib.suppress(Exception):
                 if hasattr(driver, "terminate"):  # asyncpg
                     driver.terminate()
-                else:  # aiosqlite: stop its thread, which closes the sqlite3 connection
-                    driver.stop()
+                elif (stopped := driver.stop()) is not None:  # aiosqlite: its thread closes the connection
+                    stopping.append(stopped)
         state.drivers.clear()  # its pool still lists the dead connections: the engine is not reused
+        # aiosqlite's thread reports its stop to this loop: if the loop closed first,
+        # the thread would die on "Event loop is closed", with a traceback on stderr.
+        if stopping:
+            with contextlib.suppress(asyncio.TimeoutError):
+                waiting = asyncio.gather(*stopping, return_exceptions=True)
+                await protect(asyncio.wait_for(waiting, _OTHER_LOOP_TIMEOUT))
 
 
 def _start(watcher: AsyncGenerator[None, None]) -> None:

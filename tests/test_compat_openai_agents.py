@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
 from datetime import datetime, timedelta
 from typing import Any
 
 import agents
+import anyio.to_thread
 import pytest
 from agents import Agent as SdkAgent
 from agents import ItemHelpers, Runner, SQLiteSession, function_tool
@@ -50,6 +52,7 @@ from openai.types.responses.response_output_item import (
     McpCall,
     McpListTools,
 )
+from sqlalchemy import event
 
 import memorm.compat.openai_agents as adapter
 from memorm import Database, ValidationError
@@ -524,6 +527,59 @@ async def test_messages_written_through_memorm_read_as_items(db: Database) -> No
     assert await session.get_items() == [*head, calls_as_items[0]]
     assert await session.pop_item() == calls_as_items[0]
     assert await session.get_items() == head
+
+
+# -- loops and cancellation (found by the SDK's own tests, tests/compat_suites) ---
+
+
+async def test_add_items_cancelled_as_its_commit_fails_raises_the_cancellation(db: Database) -> None:
+    agent_id = await _agent(db)
+    session = MemormSession("cancelled", db, agent=agent_id)
+    engine = db.engine.sync_engine
+    task: asyncio.Task[None]
+
+    def cancel_then_fail(_connection: Any) -> None:
+        task.cancel()
+        raise RuntimeError("the COMMIT failed")
+
+    event.listen(engine, "commit", cancel_then_fail)
+    try:
+        task = asyncio.create_task(session.add_items([{"role": "user", "content": "lost"}]))
+        with pytest.raises(asyncio.CancelledError) as raised:  # not the failure: the caller asked to stop
+            await task
+    finally:
+        event.remove(engine, "commit", cancel_then_fail)
+    assert isinstance(raised.value.__cause__, RuntimeError)
+    assert await session.get_items() == []
+    assert db.engine.pool.checkedout() == 0
+
+
+async def test_dispose_closes_the_pool_of_a_dead_loop_before_its_own_loop_ends(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent_id = await _agent(db)
+    session = MemormSession("dead-loop", db, agent=agent_id)
+    crashed: list[Any] = []
+    monkeypatch.setattr(threading, "excepthook", crashed.append)
+
+    def aiosqlite_threads() -> set[threading.Thread]:
+        return {thread for thread in threading.enumerate() if "_connection_worker_thread" in thread.name}
+
+    def dead_loop() -> None:
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(session.add_items([{"role": "user", "content": "from a dead loop"}]))
+        loop.close()  # without shutdown_asyncgens, as the SDK's own tests do: the pool outlives the loop
+
+    before = aiosqlite_threads()
+    await anyio.to_thread.run_sync(dead_loop)
+    dead = aiosqlite_threads() - before
+    # dispose() from a loop that closes as soon as it returns (a sync program's asyncio.run).
+    await anyio.to_thread.run_sync(lambda: asyncio.run(db.dispose()))
+    for thread in dead:
+        await anyio.to_thread.run_sync(thread.join, 10)
+    assert crashed == []  # no aiosqlite thread died on "Event loop is closed"
+    assert not any(thread.is_alive() for thread in dead)
+    assert await session.get_items() == [{"role": "user", "content": "from a dead loop"}]
 
 
 # -- a real run ---------------------------------------------------------------

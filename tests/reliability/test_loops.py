@@ -12,13 +12,12 @@ import asyncio
 import threading
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 import anyio
 import anyio.to_thread
-import asyncpg
 import pytest
-from conftest import ENGINES, Store, asyncpg_dsn
+from conftest import ENGINES, Store
+from probes import aiosqlite_threads, postgres_backends, tagged_database
 
 from memorm import Database
 from memorm.errors import ValidationError
@@ -28,34 +27,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.reliability]
 THREADS = 4
 RUNS = 5  # asyncio.run calls per thread, each a new event loop
 APPENDS = 10  # per run
-
-
-def _aiosqlite_threads() -> int:
-    return sum("_connection_worker_thread" in thread.name for thread in threading.enumerate())
-
-
-async def _postgres_backends(store: Store, application: str) -> int:
-    connection = await asyncpg.connect(asyncpg_dsn())
-    try:
-        return int(
-            await connection.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", application
-            )
-        )
-    finally:
-        await connection.close()
-
-
-async def _tagged_database(store: Store) -> tuple[str, Database]:
-    """A new ``Database`` on the store, with the schema; on Postgres its backends carry a unique name."""
-    application = f"memorm-loops-{uuid.uuid4().hex[:8]}"
-    options: dict[str, Any] = {}
-    if store.engine == "postgres":
-        settings = {**store.options["connect_args"]["server_settings"], "application_name": application}
-        options = {"connect_args": {"server_settings": settings}}
-    db = store.database(**options)
-    await db.create_all()
-    return application, db
 
 
 async def _run_threads(target: Callable[[int], None], count: int, limit: float = 60) -> None:
@@ -85,13 +56,13 @@ async def _run_threads(target: Callable[[int], None], count: int, limit: float =
 async def test_threads_running_asyncio_run_share_one_database_with_the_main_loop(
     store: Store, engine: str
 ) -> None:
-    application, db = await _tagged_database(store)
+    application, db = await tagged_database(store)
     try:
         async with db.unit_of_work() as uow:
             agent = await uow.agents.create("shared")
             shared = (await uow.sessions.create(agent.id, title="everyone")).id
             own = [(await uow.sessions.create(agent.id, title=f"thread {i}")).id for i in range(THREADS)]
-        threads_before = _aiosqlite_threads()
+        threads_before = aiosqlite_threads()
 
         async def worker(index: int, run: int) -> None:
             for n in range(APPENDS):
@@ -139,13 +110,13 @@ async def test_threads_running_asyncio_run_share_one_database_with_the_main_loop
         # Each thread's loop closed its pool as it shut down: only the main loop's remain.
         assert db.engine.pool.checkedout() == 0
         if engine == "sqlite":
-            assert _aiosqlite_threads() <= threads_before + db.engine.pool.checkedin()
+            assert aiosqlite_threads() <= threads_before + db.engine.pool.checkedin()
         else:
-            assert await _postgres_backends(store, application) == db.engine.pool.checkedin()
+            assert await postgres_backends(application) == db.engine.pool.checkedin()
     finally:
         await db.dispose()
     if engine == "postgres":
-        assert await _postgres_backends(store, application) == 0
+        assert await postgres_backends(application) == 0
 
 
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)
@@ -202,7 +173,7 @@ async def test_a_database_made_outside_any_loop_serves_successive_loops(store: S
 
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)
 async def test_dispose_closes_the_pool_of_a_loop_running_in_another_thread(store: Store, engine: str) -> None:
-    application, db = await _tagged_database(store)
+    application, db = await tagged_database(store)
     other = asyncio.new_event_loop()
     runner = threading.Thread(target=other.run_forever, daemon=True)
     runner.start()
@@ -213,16 +184,16 @@ async def test_dispose_closes_the_pool_of_a_loop_running_in_another_thread(store
                 return (await uow.agents.list()).total
 
         assert asyncio.run_coroutine_threadsafe(read(), other).result(10) == 0
-        threads_before = _aiosqlite_threads()
+        threads_before = aiosqlite_threads()
         await db.dispose()
         if engine == "postgres":
-            assert await _postgres_backends(store, application) == 0
+            assert await postgres_backends(application) == 0
         else:
             for _ in range(100):  # the other loop's aiosqlite thread ends once its connection closes
-                if _aiosqlite_threads() < threads_before:
+                if aiosqlite_threads() < threads_before:
                     break
                 await anyio.sleep(0.01)
-            assert _aiosqlite_threads() < threads_before
+            assert aiosqlite_threads() < threads_before
         # Still usable from that loop afterwards: it opens a new pool.
         assert asyncio.run_coroutine_threadsafe(read(), other).result(10) == 0
     finally:

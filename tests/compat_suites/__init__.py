@@ -1,0 +1,1 @@
+"""Other projects' own test suites, run against memorm's adapters."""
