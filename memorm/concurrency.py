@@ -61,7 +61,9 @@ async def protect(awaitable: Awaitable[T]) -> T:
     if cancelled is not None:
         # Cancellation must propagate, even past a failure of the work (kept as its cause):
         # a caller that asked to stop gets CancelledError, as asyncio's machinery expects.
-        raise cancelled from failure
+        if failure is not None:
+            raise cancelled from failure
+        raise cancelled
     return result
 
 

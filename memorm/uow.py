@@ -21,6 +21,7 @@ poisoned one.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -105,7 +106,13 @@ class UnitOfWork:
                 await self._commit()
         except BaseException as error:
             self._interrupted |= not isinstance(error, Exception)
-            await protect(self._finish())
+            try:
+                await protect(self._finish())
+            except asyncio.CancelledError as cancelled:
+                # Cancelled as the commit failed: the cancellation wins, the failure is its cause.
+                if cancelled is error:
+                    raise
+                raise cancelled from error
             raise
         if self._interrupted or in_transaction(self._driver):
             await protect(self._finish())
