@@ -284,9 +284,13 @@ def _setup_sqlite(engine: AsyncEngine) -> None:
 
 
 def _setup_postgres(engine: AsyncEngine) -> None:
+    from memorm.types.search_words import register_tsvector
+
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.run_async(_register_pgvector)
+        # Full-text search words travel as binary tsvectors (COPY needs a binary codec).
+        dbapi_connection.run_async(register_tsvector)
 
 
 async def _register_pgvector(connection: Any) -> None:

@@ -1,0 +1,90 @@
+"""The full-text normaliser, without a database: the same words as the slow oracle, for any text."""
+
+from __future__ import annotations
+
+import unicodedata
+
+import pytest
+from fts_oracle import oracle_terms, oracle_words
+from hypothesis import given
+from hypothesis import strategies as st
+
+from memorm import ValidationError
+from memorm.search.normalize import MAX_INDEX_BYTES, MAX_WORD_CHARS, check_indexable, index_words, words
+from memorm.search.terms import fts5_query, query_terms, tsquery
+from memorm.types.search_words import decode_tsvector, encode_tsvector
+
+EVERY_CHARACTER = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000)
+TEXT = st.text(st.characters(exclude_characters="\x00"))
+
+
+def test_every_character_is_split_and_folded_as_the_oracle_says() -> None:
+    alone = " ".join(EVERY_CHARACTER)
+    assert words(alone) == oracle_words(alone)
+    marks = " ".join(f"a{c}" for c in EVERY_CHARACTER if unicodedata.category(c)[0] == "M")
+    assert len(marks) > 6_000
+    assert words(marks) == oracle_words(marks)  # every combining mark stays in its word
+
+
+@given(text=TEXT)
+def test_words_agree_with_the_oracle(text: str) -> None:
+    assert words(text) == oracle_words(text)
+
+
+@given(text=st.text(st.characters(max_codepoint=127, exclude_characters="\x00")))
+def test_ascii_text_takes_the_fast_path_to_the_same_words(text: str) -> None:
+    assert words(text) == oracle_words(text)
+    assert index_words(text) == sorted({word.encode() for word in oracle_words(text)})
+
+
+@given(text=TEXT)
+def test_normalising_words_again_changes_nothing(text: str) -> None:
+    # A word copied out of the index (or a result) and searched for is the same word.
+    found = words(text)
+    assert words(" ".join(found)) == found
+    for word in found:
+        assert words(word) == [word]
+
+
+@given(text=TEXT)
+def test_the_index_holds_each_distinct_word_once_in_byte_order(text: str) -> None:
+    stored = index_words(text)
+    assert stored == sorted({word.encode() for word in oracle_words(text)})
+    assert decode_tsvector(encode_tsvector(stored)) == " ".join(word.decode() for word in stored)
+
+
+def test_long_words_keep_their_first_255_characters() -> None:
+    assert MAX_WORD_CHARS == 255
+    assert words("a" * 300 + " b") == ["a" * 255, "b"]
+    assert words("é" * 300) == ["é" * 255]
+    assert index_words("x" * 1000 + " " + "x" * 900) == [b"x" * 255]
+
+
+@given(query=st.lists(st.one_of(TEXT, st.sampled_from(["'", '"', "\\", "&", "|", "!", ":*", "(", ")"]))))
+def test_query_terms_carry_no_syntax_of_either_engine(query: list[str]) -> None:
+    text = " ".join(query)
+    terms = query_terms(text)
+    assert terms == oracle_terms(text)
+    for term in terms:  # letters, digits and marks only: nothing either parser could read as syntax
+        assert not set(term) & set("'\"\\&|!:*()<>- \t\n")
+    assert fts5_query(terms) == " ".join(f'"{term}"' for term in terms)
+    assert tsquery(terms) == " & ".join(f"'{term}'" for term in terms)
+
+
+def test_index_size_limit_is_checked_on_distinct_words_only() -> None:
+    repeated = "same words again " * 200_000  # 3.4 MB of text, 15 bytes of distinct words
+    check_indexable(repeated, "content")
+    exact = " ".join(f"{n:07d}" for n in range(MAX_INDEX_BYTES // 7)) + " " + "z" * (MAX_INDEX_BYTES % 7)
+    assert sum(map(len, index_words(exact))) == MAX_INDEX_BYTES
+    check_indexable(exact, "content")
+    with pytest.raises(ValidationError, match="content: its distinct words take 1,048,576 bytes"):
+        check_indexable(exact + " y", "content")
+    with pytest.raises(ValidationError, match="distinct words"):
+        check_indexable(" ".join(f"ж{n:06d}" for n in range(150_000)), "text")
+
+
+def test_rows_older_than_the_limit_are_indexed_up_to_it() -> None:
+    text = " ".join(f"{n:07d}" for n in range(200_000))  # 1.4 MB of distinct words
+    stored = index_words(text)
+    assert stored == sorted(word.encode() for word in text.split())[: len(stored)]
+    assert MAX_INDEX_BYTES - 7 < sum(map(len, stored)) <= MAX_INDEX_BYTES
