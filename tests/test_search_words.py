@@ -107,8 +107,9 @@ async def test_a_3000_character_word_is_found(db: Database) -> None:
 async def test_a_message_whose_words_overflow_the_index_is_refused_before_anything_is_written(
     db: Database,
 ) -> None:
-    fits = " ".join(f"w{n:07d}" for n in range(110_000))  # 880,000 bytes of distinct words
-    too_big = " ".join(f"w{n:08d}" for n in range(120_000))  # 1,080,000 bytes
+    # Distinct words of exactly MAX_INDEX_BYTES (Postgres' limit), and one byte more.
+    fits = " ".join(f"{n:07d}" for n in range(MAX_INDEX_BYTES // 7)) + " " + "z" * (MAX_INDEX_BYTES % 7)
+    too_big = fits + " y"
     agent = await _agent(db, [])
     async with db.unit_of_work() as uow:
         chat = (await uow.sessions.list(agent)).items[0]
@@ -131,8 +132,7 @@ async def test_a_message_whose_words_overflow_the_index_is_refused_before_anythi
     async with db.unit_of_work() as uow:
         await uow.messages.append(chat.id, {"role": "user", "content": fits})
         await uow.passages.update_text(passage.id, fits, EMBEDDING)
-    assert len(fits.encode()) < MAX_INDEX_BYTES < len(too_big.encode())
-    await _assert_finds(db, agent, "w0109999 w0000000", {fits})
+    await _assert_finds(db, agent, "0000000 0149795 zzz", {fits})
 
 
 # -- the words are derived data ---------------------------------------------------------
@@ -259,3 +259,23 @@ async def test_search_finds_exactly_the_texts_with_every_query_word(
     if "\x00" not in query:
         async with db.unit_of_work(read_only=True) as uow:
             assert await uow.messages.count((await uow.sessions.list(agent)).items[0].id) == len(corpus)
+
+
+@PROPERTY
+@given(
+    corpus=st.lists(st.lists(st.sampled_from(["kiwi", "fig", "lime", "Ωmega", "ΩMEGA", "x1"]), max_size=6))
+)
+async def test_both_engines_rank_matches_by_their_count_of_distinct_words(
+    db: Database, corpus: list[list[str]]
+) -> None:
+    # Relevance: fewer distinct words first (bm25 and ts_rank alike), then newest, then id.
+    texts = [" ".join(words) for words in corpus]
+    agent = await _agent(db, texts)  # in order: later texts are newer
+    for query in ["kiwi", "fig lime", "ωMEGA"]:
+        hits = [(len(set(oracle_words(t))), -n) for n, t in enumerate(texts) if oracle_matches(t, query)]
+        expected = [texts[-n] for _, n in sorted(hits)]
+        async with db.unit_of_work(read_only=True) as uow:
+            messages = await uow.messages.search(agent, query, limit=1000)
+            passages = await uow.passages.search_text(agent, query, limit=1000)
+        assert [m.content for m in messages] == expected
+        assert [p.text for p in passages] == expected

@@ -1,8 +1,11 @@
 """Full-text search: one function, FTS5 on SQLite and ``tsvector`` on Postgres.
 
+Both engines match the same stored words (:mod:`memorm.search.normalize`).
 Results are ordered by relevance (FTS5's ``bm25``; Postgres' ``ts_rank``),
 then newest first, then by id, so equal scores still page deterministically.
-``total`` counts every match under the same filters.
+Each row stores every distinct word once, so both scores come down to the
+same order: rows with fewer distinct words first.  ``total`` counts every
+match under the same filters.
 """
 
 from __future__ import annotations
