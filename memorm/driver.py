@@ -80,13 +80,13 @@ def _convert(
 ) -> list[tuple[Any, ...]]:
     """Rows of Python values -> rows of driver values, by each column's bind processor.
 
-    ``sources``: for each derived column after the row's own values, where its
-    source value is in the row (see :func:`_with_derived`).
-
     A batch repeats itself: every row shares its session and agent ids and its
     timestamps, and most have empty ``meta``.  A value that is the very object
     the previous row had reuses its converted form, and an empty dict converts
     once; that cuts conversion 4-6x on 10,000-row batches.
+
+    ``sources``: where in the row each derived column's source value is; the
+    derived values follow the row's own (see :func:`_with_derived`).
     """
     width = len(processors)
     last_in: list[Any] = [_UNSET] * width

@@ -51,8 +51,9 @@ def decode_tsvector(data: bytes) -> str:
 
 
 def _encode(value: Any) -> bytes:
-    # Values bound through SearchWords arrive encoded; raw SQL may bind text to index.
-    return value if isinstance(value, bytes) else encode_tsvector(index_words(str(value)))
+    if not isinstance(value, bytes):  # text would be indexed one way here and another on SQLite
+        raise TypeError("bind tsvector values through memorm.types.SearchWords (the text to index)")
+    return value
 
 
 async def register_tsvector(connection: Any) -> None:
