@@ -15,7 +15,7 @@ from memorm.search.terms import fts5_query, query_terms, tsquery
 from memorm.types.search_words import decode_tsvector, encode_tsvector
 
 EVERY_CHARACTER = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c < 0xE000)
-TEXT = st.text(st.characters(exclude_characters="\x00"))
+TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\x00"))
 
 
 def test_every_character_is_split_and_folded_as_the_oracle_says() -> None:

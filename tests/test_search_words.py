@@ -211,7 +211,7 @@ async def test_a_c_locale_postgres_database_finds_non_ascii_words(engine: str) -
 # -- properties ----------------------------------------------------------------------
 
 PROPERTY = settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-TEXT = st.text(st.characters(exclude_characters="\x00"), max_size=40)
+TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=40)
 NOISE = [
     '"',
     "'",
