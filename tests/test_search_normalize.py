@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import unicodedata
 
-import pytest
 from fts_oracle import oracle_terms, oracle_words
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memorm import ValidationError
-from memorm.search.normalize import MAX_INDEX_BYTES, MAX_WORD_CHARS, check_indexable, index_words, words
+from memorm.search.normalize import MAX_INDEX_BYTES, MAX_WORD_CHARS, index_words, words
 from memorm.search.terms import fts5_query, query_terms, tsquery
 from memorm.types.search_words import decode_tsvector, encode_tsvector
 
@@ -71,20 +69,14 @@ def test_query_terms_carry_no_syntax_of_either_engine(query: list[str]) -> None:
     assert tsquery(terms) == " & ".join(f"'{term}'" for term in terms)
 
 
-def test_index_size_limit_is_checked_on_distinct_words_only() -> None:
+def test_distinct_words_are_indexed_up_to_a_tsvectors_size_in_order_of_appearance() -> None:
     repeated = "same words again " * 200_000  # 3.4 MB of text, 15 bytes of distinct words
-    check_indexable(repeated, "content")
-    exact = " ".join(f"{n:07d}" for n in range(MAX_INDEX_BYTES // 7)) + " " + "z" * (MAX_INDEX_BYTES % 7)
-    assert sum(map(len, index_words(exact))) == MAX_INDEX_BYTES
-    check_indexable(exact, "content")
-    with pytest.raises(ValidationError, match="content: its distinct words take 1,048,576 bytes"):
-        check_indexable(exact + " y", "content")
-    with pytest.raises(ValidationError, match="distinct words"):
-        check_indexable(" ".join(f"ж{n:06d}" for n in range(150_000)), "text")
-
-
-def test_rows_older_than_the_limit_are_indexed_up_to_it() -> None:
-    text = " ".join(f"{n:07d}" for n in range(200_000))  # 1.4 MB of distinct words
-    stored = index_words(text)
-    assert stored == sorted(word.encode() for word in text.split())[: len(stored)]
-    assert MAX_INDEX_BYTES - 7 < sum(map(len, stored)) <= MAX_INDEX_BYTES
+    assert index_words(repeated) == [b"again", b"same", b"words"]
+    exact = "z" * (MAX_INDEX_BYTES % 7) + " " + " ".join(f"{n:07d}" for n in range(MAX_INDEX_BYTES // 7))
+    assert sum(map(len, index_words(exact))) == MAX_INDEX_BYTES  # all of them
+    over = exact + " y 9999999"
+    assert index_words(over) == index_words(exact)  # the words after the limit are left out
+    shuffled = " ".join(f"ж{n:06d}" for n in reversed(range(150_000)))  # 1,350,000 bytes
+    kept = index_words(shuffled)
+    assert kept == sorted(f"ж{n:06d}".encode() for n in range(150_000 - len(kept), 150_000))
+    assert MAX_INDEX_BYTES - 9 < sum(map(len, kept)) <= MAX_INDEX_BYTES

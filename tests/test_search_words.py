@@ -13,13 +13,13 @@ import uuid
 import asyncpg
 import pytest
 import sqlalchemy as sa
-from conftest import POSTGRES_URL, asyncpg_dsn, count_rows
+from conftest import POSTGRES_URL, asyncpg_dsn
 from fts_oracle import oracle_matches, oracle_words
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy.engine import make_url
 
-from memorm import Database, Message, ValidationError
+from memorm import Database, Message
 from memorm.search.normalize import MAX_INDEX_BYTES
 
 pytestmark = pytest.mark.anyio
@@ -104,35 +104,32 @@ async def test_a_3000_character_word_is_found(db: Database) -> None:
     await _assert_finds(db, agent, "x" * 254, {"x" * 254})
 
 
-async def test_a_message_whose_words_overflow_the_index_is_refused_before_anything_is_written(
+async def test_text_with_more_distinct_words_than_a_tsvector_holds_is_stored_and_its_head_found(
     db: Database,
 ) -> None:
-    # Distinct words of exactly MAX_INDEX_BYTES (Postgres' limit), and one byte more.
+    # Distinct words of exactly MAX_INDEX_BYTES (Postgres' tsvector limit): all found.
     fits = " ".join(f"{n:07d}" for n in range(MAX_INDEX_BYTES // 7)) + " " + "z" * (MAX_INDEX_BYTES % 7)
-    too_big = fits + " y"
-    agent = await _agent(db, [])
+    # Past it the text is stored whole, and the words seen first, up to the limit, are found.
+    dump = "tool output: " + " ".join(f"row{n:07d}" for n in range(150_000))  # 1.5 MB of distinct words
+    agent = await _agent(db, [fits, dump])
+    await _assert_finds(db, agent, "0000000 0149795 zzz", {fits})
+    await _assert_finds(db, agent, "tool output row0000000 row0104855", {dump})  # the last that fits
+    await _assert_finds(db, agent, "row0104856", set())
+    # Updates and the other write paths cut the same way.
     async with db.unit_of_work() as uow:
         chat = (await uow.sessions.list(agent)).items[0]
-        passage = await uow.passages.add(agent, "small", EMBEDDING)
-        await uow.messages.append(chat.id, {"role": "system", "content": "be brief"})
-    for attempt in (
-        lambda uow: uow.messages.append(chat.id, {"role": "user", "content": too_big}),
-        lambda uow: uow.messages.prepend(chat.id, {"role": "user", "content": too_big}),
-        lambda uow: uow.messages.replace_system(chat.id, too_big),
-        lambda uow: uow.passages.add(agent, too_big, EMBEDDING),
-        lambda uow: uow.passages.update_text(passage.id, too_big, EMBEDDING),
-    ):
-        async with db.unit_of_work() as uow:
-            with pytest.raises(ValidationError, match="distinct words"):
-                await attempt(uow)
-    assert await count_rows(db, "messages", agent_id=agent) == 1
-    assert await count_rows(db, "archival_passages", agent_id=agent) == 1
-    assert await _found(db, agent, "brief") == ({"be brief"}, set())
-    assert await _found(db, agent, "small") == (set(), {"small"})
-    async with db.unit_of_work() as uow:
-        await uow.messages.append(chat.id, {"role": "user", "content": fits})
-        await uow.passages.update_text(passage.id, fits, EMBEDDING)
-    await _assert_finds(db, agent, "0000000 0149795 zzz", {fits})
+        await uow.messages.replace_system(chat.id, "first " + dump)  # inserts the system message
+        await uow.messages.replace_system(chat.id, "second " + dump)  # updates it
+        found = (await uow.passages.search_text(agent, "tool")).items
+        await uow.passages.update_text(found[0].id, "edited " + dump, EMBEDDING)
+    edited, second = "edited " + dump, "second " + dump
+    assert await _found(db, agent, "row0100000") == ({dump, second}, {edited})
+    assert await _found(db, agent, "second") == ({second}, set())
+    assert await _found(db, agent, "edited") == (set(), {edited})
+    assert await _found(db, agent, "row0110000") == (set(), set())
+    async with db.unit_of_work(read_only=True) as uow:
+        stored = {m.content for m in await uow.messages.window(chat.id)}
+    assert stored == {fits, dump, second}
 
 
 # -- the words are derived data ---------------------------------------------------------

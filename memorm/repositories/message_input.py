@@ -9,7 +9,6 @@ from typing import Any
 from memorm.errors import ValidationError
 from memorm.ids import uuid7
 from memorm.models import ROLES, Message
-from memorm.search.normalize import check_indexable
 from memorm.validation import as_uuid, check_aware, check_json, check_json_object, check_text
 
 __all__ = ["MessageInput", "as_instant", "check_batch", "check_int", "check_message", "check_roles"]
@@ -51,14 +50,12 @@ def check_message(item: object, index: int) -> dict[str, Any]:
     message_id = given.get("id")
     created_at = given.get("created_at")
     meta = given.get("meta")
-    content = check_text(given.get("content", ""), f"{where}.content") or ""
-    check_indexable(content, f"{where}.content")
     return {
         "id": uuid7() if message_id is None else as_uuid(message_id, f"{where}.id"),
         "created_at": None if created_at is None else check_aware(created_at, f"{where}.created_at"),
         "meta": {} if not meta else check_json_object(meta, f"{where}.meta"),
         "role": role,
-        "content": content,
+        "content": check_text(given.get("content", ""), f"{where}.content"),
         "name": check_text(given.get("name"), f"{where}.name", optional=True),
         "tool_calls": tool_calls,
         "tool_call_id": check_text(given.get("tool_call_id"), f"{where}.tool_call_id", optional=True),

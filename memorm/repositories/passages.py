@@ -32,7 +32,6 @@ from memorm.repositories.passage_queries import (
     _check_model_name,
 )
 from memorm.search.filters import Filter
-from memorm.search.normalize import check_indexable
 from memorm.search.vector import (
     check_metric,
     ensure_index,
@@ -195,11 +194,9 @@ class PassageRepository(PassageQueries):
 
             check_aware(created_at, f"{where}.created_at")
         passage_id = given.get("id")
-        text = check_text(given.get("text"), f"{where}.text") or ""
-        check_indexable(text, f"{where}.text")
         return _check_model_name(given.get("embedding_model", "default")), {
             "id": uuid7() if passage_id is None else as_uuid(passage_id, f"{where}.id"),
-            "text": text,
+            "text": check_text(given.get("text"), f"{where}.text"),
             "vector": check_vector(given.get("embedding"), f"{where}.embedding"),
             "meta": check_json_object(given.get("meta"), f"{where}.meta"),
             "created_at": created_at,
@@ -210,8 +207,7 @@ class PassageRepository(PassageQueries):
     ) -> ArchivalPassage:
         """Replace a passage's text and embedding together (same model, same dimension)."""
         key = as_uuid(passage_id, "passage_id")
-        new_text = check_text(text, "text") or ""
-        check_indexable(new_text, "text")
+        new_text = check_text(text, "text")
         vector = check_vector(embedding)
         current = await self.get(key)
         model = await self._model(current.agent_id, current.embedding_model, len(vector))

@@ -12,6 +12,8 @@ match the same words whatever their tokenizers or the database's locale:
 3. A word longer than :data:`MAX_WORD_CHARS` keeps its first
    :data:`MAX_WORD_CHARS` characters, in documents and queries alike, so a
    very long word is still found (as is any word sharing those characters).
+4. A text's distinct words are indexed up to :data:`MAX_INDEX_BYTES` (the
+   size of one Postgres ``tsvector``), in the order they first appear.
 
 The character classes come from Python's own Unicode database, so words are
 the same on every engine for a given Python; a Python with a newer Unicode
@@ -24,20 +26,12 @@ import re
 import unicodedata
 from functools import cache
 
-from memorm.errors import ValidationError
-
-__all__ = [
-    "MAX_INDEX_BYTES",
-    "MAX_WORD_CHARS",
-    "check_indexable",
-    "index_words",
-    "words",
-]
+__all__ = ["MAX_INDEX_BYTES", "MAX_WORD_CHARS", "index_words", "words"]
 
 MAX_WORD_CHARS = 255  # 1,020 UTF-8 bytes at most: well under Postgres' 2,046-byte lexemes
 MAX_INDEX_BYTES = (1 << 20) - 1  # a tsvector's lexemes share one 1 MiB string space
-# No character normalises to more than 33 UTF-8 bytes (U+FDFA), so text this
-# short always fits in MAX_INDEX_BYTES, with a margin of two, without looking.
+# No character normalises to more than 33 UTF-8 bytes (U+FDFA), so the words of
+# text this short always fit in MAX_INDEX_BYTES, with a margin of two.
 _ALWAYS_FITS = MAX_INDEX_BYTES // 66
 
 # ASCII: lower case, and everything but letters and digits becomes a space.
@@ -108,50 +102,29 @@ def words(text: str) -> list[str]:
     return found
 
 
-def _distinct(text: str) -> list[bytes]:
-    """The distinct words of ``text``, UTF-8, in byte order."""
-    if text.isascii():
-        # bytes.translate, split and set are C loops: ~4x faster than a regex on chat text.
-        distinct = set(text.encode("ascii").translate(_ASCII_FOLD).split())
-        if len(text) > MAX_WORD_CHARS and max(map(len, distinct), default=0) > MAX_WORD_CHARS:
-            distinct = {word[:MAX_WORD_CHARS] for word in distinct}
-    else:
-        distinct = {word.encode() for word in set(words(text))}
-    return sorted(distinct)
-
-
 def index_words(text: str) -> list[bytes]:
     """The distinct words of ``text``, UTF-8, in byte order: what the index stores.
 
     Byte order is the order of Postgres' ``tsvector`` lexemes (and of code
-    points).  Text whose distinct words overflow :data:`MAX_INDEX_BYTES` keeps
-    those (in that order) that fit: writes through memorm's API are refused
-    before that (:func:`check_indexable`), so only rows stored before revision
-    0006 can be cut.
+    points).  A ``tsvector`` holds at most :data:`MAX_INDEX_BYTES` of
+    lexemes, so from text whose distinct words take more (megabytes of
+    different words) only the words seen first, up to that size, are kept,
+    on both engines alike.
     """
-    found = _distinct(text)
-    if len(text) <= _ALWAYS_FITS:
-        return found
-    used = 0
-    for count, word in enumerate(found):
-        used += len(word)
-        if used > MAX_INDEX_BYTES:
-            return found[:count]
-    return found
-
-
-def check_indexable(text: str, field: str) -> None:
-    """``ValidationError`` when ``text``'s distinct words exceed what one row can index.
-
-    The limit (:data:`MAX_INDEX_BYTES` of distinct words, UTF-8) is Postgres'
-    ``tsvector`` size; SQLite applies it too, so both engines accept the same
-    rows.  Text under ~16,000 characters always fits and is not looked at.
-    """
-    if len(text) <= _ALWAYS_FITS:
-        return
-    size = sum(map(len, _distinct(text)))
-    if size > MAX_INDEX_BYTES:
-        raise ValidationError(
-            f"{field}: its distinct words take {size:,} bytes, and full-text search indexes at most "
-            f"{MAX_INDEX_BYTES:,} per row: split the text"
-        )
+    if text.isascii():
+        # bytes.translate and split are C loops: ~4x faster than a regex on chat text.
+        found = text.encode("ascii").translate(_ASCII_FOLD).split()
+        if len(text) > MAX_WORD_CHARS and max(map(len, found), default=0) > MAX_WORD_CHARS:
+            found = [word[:MAX_WORD_CHARS] for word in found]
+        distinct = list(dict.fromkeys(found))
+    else:
+        distinct = [word.encode() for word in dict.fromkeys(words(text))]
+    if len(text) > _ALWAYS_FITS:
+        used = 0
+        for count, word in enumerate(distinct):
+            used += len(word)
+            if used > MAX_INDEX_BYTES:
+                distinct = distinct[:count]
+                break
+    distinct.sort()
+    return distinct
