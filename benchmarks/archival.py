@@ -48,7 +48,16 @@ from typing import Any
 import numpy as np
 from sqlalchemy import event
 
-from benchmarks.common import Row, Samples, Store, format_seconds, store, timed
+from benchmarks.common import (
+    Row,
+    Samples,
+    Store,
+    format_seconds,
+    postgres_words,
+    sqlite_words,
+    store,
+    timed,
+)
 from memorm import Database
 from memorm.ids import uuid7
 from memorm.models import PASSAGES
@@ -83,6 +92,8 @@ COLUMNS = (
     "embedding_dim",
 )
 COLUMN_LIST = ", ".join(COLUMNS)
+WRITTEN = (*COLUMNS, "search_words")  # and the full-text search words memorm derives from text
+WRITTEN_LIST = ", ".join(WRITTEN)
 UTC = timezone.utc
 _VOCABULARY = (  # of the passages' short texts
     "meeting flight hotel budget invoice recipe garden python deploy outage birthday doctor contract lease "
@@ -197,7 +208,7 @@ class RawSQLite:
         "INSERT INTO embedding_models (id, created_at, updated_at, meta, agent_id, name, dim, precision) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
     )
-    INSERT = f"INSERT INTO archival_passages ({COLUMN_LIST}) VALUES ({', '.join('?' * len(COLUMNS))})"
+    INSERT = f"INSERT INTO archival_passages ({WRITTEN_LIST}) VALUES ({', '.join('?' * len(WRITTEN))})"
     VECTORS = "SELECT id, embedding FROM archival_passages WHERE agent_id = ? AND embedding_model = ?"
 
     def __init__(self, connection: Any) -> None:
@@ -232,6 +243,7 @@ class RawSQLite:
                     None,
                     MODEL,
                     dim,
+                    sqlite_words(item["text"]),
                 )
                 for item in items
             ]
@@ -250,7 +262,7 @@ class RawSQLite:
 
     async def shapes(self, agent_id: uuid.UUID) -> list[tuple[Any, ...]]:
         """SQLite type and length of every stored value of the agent's passages, in text order."""
-        shape = ", ".join(f"typeof({column}) || length({column})" for column in COLUMNS)
+        shape = ", ".join(f"typeof({column}) || length({column})" for column in WRITTEN)
         query = f"SELECT {shape} FROM archival_passages WHERE agent_id = ? ORDER BY text"
         return [tuple(row) for row in await self.connection.execute_fetchall(query, (agent_id.hex,))]
 
@@ -300,10 +312,11 @@ class RawPostgres:
             elif tuple(found) != (dim, "float32"):
                 raise ValueError(f"model {MODEL!r} is {tuple(found)}")
             records = [
-                (uuid7(), now, now, "{}", agent_id, item["text"], item["embedding"], None, MODEL, dim)
+                (uuid7(), now, now, "{}", agent_id, item["text"], item["embedding"], None, MODEL, dim, words)
                 for item in items
+                for words in (postgres_words(item["text"]),)
             ]
-            await connection.copy_records_to_table("archival_passages", records=records, columns=COLUMNS)
+            await connection.copy_records_to_table("archival_passages", records=records, columns=WRITTEN)
 
     async def search(
         self, agent_id: uuid.UUID, query: Sequence[float], k: int = K, *, ef_search: int | None = None
@@ -361,7 +374,7 @@ async def check_equivalence(db: Database, raw: RawSQLite | RawPostgres) -> None:
     encodings) must match.  The agents are deleted afterwards.
     """
     columns = tuple(column.name for column in PASSAGES.columns)
-    if columns != COLUMNS:
+    if columns != WRITTEN:
         raise AssertionError(f"archival_passages now has columns {columns}: update {__name__}")
     items = [
         {"text": f"check {i} ü", "embedding": [0.25 * (i + 1), -1.5, 1e-3, 3.0] * (DIM // 4)}

@@ -28,6 +28,8 @@ import asyncpg
 from sqlalchemy.engine import make_url
 
 from memorm import Database
+from memorm.search.normalize import index_words
+from memorm.types.search_words import encode_tsvector, register_tsvector
 
 __all__ = [
     "ENGINES",
@@ -38,7 +40,9 @@ __all__ = [
     "asyncpg_dsn",
     "format_seconds",
     "postgres_unavailable",
+    "postgres_words",
     "print_table",
+    "sqlite_words",
     "store",
     "timed",
 ]
@@ -107,9 +111,26 @@ class Store:
         return connection
 
     async def raw_postgres(self) -> asyncpg.Connection:
-        """A plain asyncpg connection with this store's schema on its search path."""
+        """A plain asyncpg connection with this store's schema on its search path.
+
+        It has memorm's binary ``tsvector`` codec: raw baselines write the search
+        words as memorm does (COPY has no text path for them).
+        """
         assert self.schema is not None
-        return await asyncpg.connect(asyncpg_dsn(), server_settings={"search_path": f"{self.schema},public"})
+        search_path = {"search_path": f"{self.schema},public"}
+        connection = await asyncpg.connect(asyncpg_dsn(), server_settings=search_path)
+        await register_tsvector(connection)
+        return connection
+
+
+def sqlite_words(text: str) -> str:
+    """The ``search_words`` memorm stores for ``text`` on SQLite: what a raw baseline writes too."""
+    return b" ".join(index_words(text)).decode()
+
+
+def postgres_words(text: str) -> bytes:
+    """The ``search_words`` memorm stores for ``text`` on Postgres: a binary ``tsvector``."""
+    return encode_tsvector(index_words(text))
 
 
 @asynccontextmanager

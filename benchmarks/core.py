@@ -26,9 +26,10 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from benchmarks.common import Row, Samples, Store, store, timed
+from benchmarks.common import Row, Samples, Store, postgres_words, sqlite_words, store, timed
 from memorm import Database, Message
 from memorm.ids import uuid7
+from memorm.models import MESSAGES
 from memorm.types.json import dumps, loads
 
 NAME = "core"
@@ -49,6 +50,8 @@ COLUMNS = (
     "token_count",
 )
 COLUMN_LIST = ", ".join(COLUMNS)
+WRITTEN = (*COLUMNS, "search_words")  # and the full-text search words memorm derives from content
+WRITTEN_LIST = ", ".join(WRITTEN)
 
 BULK_TARGET = 1.3
 SINGLE_TARGET = 1.5
@@ -104,7 +107,7 @@ class RawSQLite:
         "UPDATE sessions SET next_seq = next_seq + ?, updated_at = ? WHERE id = ? "
         "RETURNING agent_id, next_seq"
     )
-    INSERT = f"INSERT INTO messages ({COLUMN_LIST}) VALUES ({', '.join('?' * len(COLUMNS))})"
+    INSERT = f"INSERT INTO messages ({WRITTEN_LIST}) VALUES ({', '.join('?' * len(WRITTEN))})"
     WINDOW = f"SELECT {COLUMN_LIST} FROM messages WHERE session_id = ? ORDER BY seq DESC LIMIT ?"
 
     def __init__(self, connection: Any) -> None:
@@ -138,6 +141,7 @@ class RawSQLite:
                     _optional_json(message.get("tool_calls")),
                     message.get("tool_call_id"),
                     _tokens(message),
+                    sqlite_words(message.get("content", "")),
                 )
                 for index, message in enumerate(messages)
             ]
@@ -182,7 +186,7 @@ class RawSQLite:
 
     async def shapes(self, session_id: uuid.UUID) -> list[tuple[Any, ...]]:
         """SQLite type and length of every stored value of the session, by seq."""
-        shape = ", ".join(f"typeof({column}) || length({column})" for column in COLUMNS)
+        shape = ", ".join(f"typeof({column}) || length({column})" for column in WRITTEN)
         query = f"SELECT {shape} FROM messages WHERE session_id = ? ORDER BY seq"
         return [tuple(row) for row in await self.connection.execute_fetchall(query, (session_id.hex,))]
 
@@ -201,9 +205,8 @@ class RawPostgres:
         "UPDATE sessions SET next_seq = next_seq + $1, updated_at = $2 WHERE id = $3 "
         "RETURNING agent_id, next_seq"
     )
-    INSERT = (
-        f"INSERT INTO messages ({COLUMN_LIST}) VALUES ({', '.join(f'${n + 1}' for n in range(len(COLUMNS)))})"
-    )
+    PLACES = ", ".join(f"${n + 1}" for n in range(len(WRITTEN)))
+    INSERT = f"INSERT INTO messages ({WRITTEN_LIST}) VALUES ({PLACES})"
     WINDOW = f"SELECT {COLUMN_LIST} FROM messages WHERE session_id = $1 ORDER BY seq DESC LIMIT $2"
 
     def __init__(self, connection: Any) -> None:
@@ -232,6 +235,7 @@ class RawPostgres:
                 _optional_json(message.get("tool_calls")),
                 message.get("tool_call_id"),
                 _tokens(message),
+                postgres_words(message.get("content", "")),
             )
             for index, message in enumerate(messages)
         ]
@@ -243,7 +247,7 @@ class RawPostgres:
         async with connection.transaction():
             agent_id, end = await connection.fetchrow(self.ALLOCATE, count, now, session_id)
             records = self._records(messages, session_id, agent_id, end - count, now)
-            await connection.copy_records_to_table("messages", records=records, columns=COLUMNS)
+            await connection.copy_records_to_table("messages", records=records, columns=WRITTEN)
 
     async def append_one(self, session_id: uuid.UUID, message: Mapping[str, Any]) -> None:
         connection = self.connection
@@ -317,8 +321,8 @@ async def check_equivalence(db: Database, raw: RawSQLite | RawPostgres, agent_id
     identically through memorm and through the raw decoder.  When memorm's
     schema or defaults change, this fails until the raw baseline follows.
     """
-    columns = tuple(column.name for column in Message.__table__.columns)  # type: ignore[attr-defined]
-    if columns != COLUMNS:
+    columns = tuple(column.name for column in MESSAGES.columns)
+    if columns != WRITTEN:
         raise AssertionError(f"messages now has columns {columns}: update the raw baseline in {__name__}")
     batch = [
         {"role": "system", "content": "be brief"},

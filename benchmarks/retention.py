@@ -69,7 +69,16 @@ from typing import Any
 import numpy as np
 from sqlalchemy import event
 
-from benchmarks.common import Row, Samples, Store, format_seconds, store, timed
+from benchmarks.common import (
+    Row,
+    Samples,
+    Store,
+    format_seconds,
+    postgres_words,
+    sqlite_words,
+    store,
+    timed,
+)
 from memorm import Database
 from memorm.ids import uuid7
 from memorm.retention import Removed, purge_expired
@@ -85,6 +94,8 @@ MODEL = "default"
 
 # Every column of memorm's tables, in the order rows are copied; parents before children.
 COLUMNS = {table.name: column_names(table) for table in MEMORM_TABLES}
+# Tables whose full-text search words (derived from this column) a raw load writes too.
+WORDS_FROM = {"messages": "content", "archival_passages": "text"}
 TABLES = tuple(COLUMNS)  # parents before children
 FTS_TABLES = ("messages_fts", "archival_passages_fts")  # SQLite
 JSON_COLUMNS = frozenset({"meta", "core_memory", "llm_config", "tool_calls"})
@@ -316,6 +327,15 @@ def _marks(count: int) -> str:
     return ", ".join("?" * count)
 
 
+def _loaded(table: str) -> tuple[str, ...]:
+    """The columns a raw load writes: the row's, and the search words memorm derives from it."""
+    return COLUMNS[table] + (("search_words",) if table in WORDS_FROM else ())
+
+
+def _words(table: str, row: Mapping[str, Any], encode: Callable[[str], Any]) -> tuple[Any, ...]:
+    return (encode(row[WORDS_FROM[table]]),) if table in WORDS_FROM else ()
+
+
 class RawSQLite:
     """memorm's retention work done by hand on aiosqlite (a connection set up as memorm's are)."""
 
@@ -346,9 +366,12 @@ class RawSQLite:
         return result
 
     async def load(self, table: str, rows: Sequence[Mapping[str, Any]], *, stage: bool = False) -> None:
-        columns = COLUMNS[table]
+        columns = _loaded(table)
         target = f"stage_{table}" if stage else table
-        records = [tuple(_sqlite_value(c, row[c]) for c in columns) for row in rows]
+        records = [
+            tuple(_sqlite_value(c, row[c]) for c in COLUMNS[table]) + _words(table, row, sqlite_words)
+            for row in rows
+        ]
         insert = f"INSERT INTO {target} ({', '.join(columns)}) VALUES ({_marks(len(columns))})"
         await self._transaction(lambda: self.connection.executemany(insert, records))
 
@@ -498,8 +521,11 @@ class RawPostgres:
         return cls(connection)
 
     async def load(self, table: str, rows: Sequence[Mapping[str, Any]], *, stage: bool = False) -> None:
-        columns = COLUMNS[table]
-        records = [tuple(_pg_value(c, row[c]) for c in columns) for row in rows]
+        columns = _loaded(table)
+        records = [
+            tuple(_pg_value(c, row[c]) for c in COLUMNS[table]) + _words(table, row, postgres_words)
+            for row in rows
+        ]
         await self.connection.copy_records_to_table(
             f"stage_{table}" if stage else table, records=records, columns=columns
         )

@@ -332,7 +332,7 @@ def _setup_sqlite(engine: AsyncEngine) -> None:
 
 
 async def _connect_postgres(*args: Any, **kwargs: Any) -> Any:
-    """A new asyncpg connection with pgvector's codec, made whole whatever cancellation arrives.
+    """A new asyncpg connection with memorm's codecs, made whole whatever cancellation arrives.
 
     Cut short, asyncpg abandons its handshake with a future nobody retrieves
     ("unexpected connection_lost()"), and a connection without its codecs
@@ -344,9 +344,13 @@ async def _connect_postgres(*args: Any, **kwargs: Any) -> Any:
 async def _open_postgres(*args: Any, **kwargs: Any) -> Any:
     import asyncpg
 
+    from memorm.types.search_words import register_tsvector
+
     connection = await asyncpg.connect(*args, **kwargs)
     try:
         await _register_pgvector(connection)
+        # Full-text search words travel as binary tsvectors (COPY needs a binary codec).
+        await register_tsvector(connection)
     except BaseException:
         connection.terminate()
         raise

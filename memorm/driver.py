@@ -15,7 +15,9 @@ aiosqlite's ``execute_fetchall`` makes one.  For the statements every append
 runs, that is most of the latency.  On Postgres, SQLAlchemy already costs one
 round trip per statement, and is used as is.
 
-Everything runs on the connection under the session, inside its transaction.
+Derived columns (a table's full-text search words) are filled from their
+source column, so no bulk write can leave them out.  Everything runs on the
+connection under the session, inside its transaction.
 Values go through each column type's own bind and result processors, so the
 rows are exactly what SQLAlchemy would have sent and returned.
 """
@@ -46,11 +48,11 @@ async def insert_rows(
     if not rows:
         return
     check_writable(session)
+    names, sources = _with_derived(table, tuple(columns))
     async with guarded(session):
         connection = await session.connection()
         dialect = connection.dialect
-        names = tuple(columns)
-        records = _convert(_processors(dialect, table, names), rows)
+        records = _convert(_processors(dialect, table, names), rows, sources)
         driver: Any = (await connection.get_raw_connection()).driver_connection
         if dialect.name == "postgresql" and len(records) >= COPY_THRESHOLD:
             await driver.copy_records_to_table(table.name, records=records, columns=names)
@@ -58,13 +60,33 @@ async def insert_rows(
             await driver.executemany(_insert_sql(dialect, table, names), records)
 
 
-def _convert(processors: Sequence[Processor], rows: Sequence[Sequence[Any]]) -> list[tuple[Any, ...]]:
+@lru_cache(maxsize=256)
+def _with_derived(table: sa.Table, names: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """``names`` plus the derived columns they lack, and where each one's source is in a row.
+
+    A derived column (``info["derived_from"]``, the full-text search words)
+    takes its source column's value, which its type turns into the stored form.
+    """
+    derived = [
+        (column.name, names.index(column.info["derived_from"]))
+        for column in table.c
+        if "derived_from" in column.info and column.name not in names and column.info["derived_from"] in names
+    ]
+    return names + tuple(name for name, _ in derived), tuple(at for _, at in derived)
+
+
+def _convert(
+    processors: Sequence[Processor], rows: Sequence[Sequence[Any]], sources: Sequence[int] = ()
+) -> list[tuple[Any, ...]]:
     """Rows of Python values -> rows of driver values, by each column's bind processor.
 
     A batch repeats itself: every row shares its session and agent ids and its
     timestamps, and most have empty ``meta``.  A value that is the very object
     the previous row had reuses its converted form, and an empty dict converts
     once; that cuts conversion 4-6x on 10,000-row batches.
+
+    ``sources``: where in the row each derived column's source value is; the
+    derived values follow the row's own (see :func:`_with_derived`).
     """
     width = len(processors)
     last_in: list[Any] = [_UNSET] * width
@@ -73,6 +95,8 @@ def _convert(processors: Sequence[Processor], rows: Sequence[Sequence[Any]]) -> 
     records = []
     for row in rows:
         record = list(row)
+        for at in sources:
+            record.append(row[at])
         for index in range(width):
             process = processors[index]
             value = record[index]

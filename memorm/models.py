@@ -21,7 +21,7 @@ from sqlalchemy.orm import instrumentation, registry
 from sqlmodel import Field, SQLModel
 
 from memorm.ids import uuid7
-from memorm.types import JSONType, UTCDateTime, UUIDType, VectorType, utcnow
+from memorm.types import JSONType, SearchWords, UTCDateTime, UUIDType, VectorType, utcnow
 
 __all__ = [
     "AGENTS",
@@ -29,6 +29,7 @@ __all__ = [
     "MESSAGES",
     "PASSAGES",
     "ROLES",
+    "SEARCH_WORDS",
     "SESSIONS",
     "Agent",
     "ArchivalPassage",
@@ -37,6 +38,7 @@ __all__ = [
     "Message",
     "Role",
     "Session",
+    "fields",
     "hydrate",
     "metadata",
 ]
@@ -183,6 +185,34 @@ SESSIONS: sa.Table = Session.__table__  # type: ignore[attr-defined]
 MESSAGES: sa.Table = Message.__table__  # type: ignore[attr-defined]
 PASSAGES: sa.Table = ArchivalPassage.__table__  # type: ignore[attr-defined]
 EMBEDDING_MODELS: sa.Table = EmbeddingModel.__table__  # type: ignore[attr-defined]
+
+# Derived columns: the words full-text search indexes (``memorm.types.SearchWords``),
+# computed from the text on every write.  Table columns, not model fields: callers
+# never set or see them, reads never fetch them, and exports leave them out.
+SEARCH_WORDS = "search_words"
+
+
+def _search_words(source: str) -> sa.Column[str]:
+    def default(context: Any) -> Any:  # inserts that do not give the words (ORM, hand-written Core)
+        return context.get_current_parameters().get(source, "")
+
+    derived = {"derived_from": source}
+    return sa.Column(SEARCH_WORDS, SearchWords(), nullable=False, default=default, info=derived)
+
+
+MESSAGES.append_column(_search_words("content"))
+PASSAGES.append_column(_search_words("text"))
+
+_FIELDS = {
+    table: tuple(column for column in table.c if "derived_from" not in column.info)
+    for table in (AGENTS, SESSIONS, MESSAGES, PASSAGES, EMBEDDING_MODELS)
+}
+
+
+def fields(table: sa.Table) -> tuple[sa.Column[Any], ...]:
+    """The columns of ``table`` its model holds: every column but derived ones, in order."""
+    return _FIELDS.get(table) or tuple(table.c)
+
 
 M = TypeVar("M", bound=MemormModel)
 

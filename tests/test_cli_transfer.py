@@ -120,6 +120,23 @@ def _execute(url: str, sql: str) -> None:
     asyncio.run(run())
 
 
+def _search_totals(url: str, query: str) -> list[tuple[int, int]]:
+    """How many messages and passages of each agent a full-text search for ``query`` finds."""
+
+    async def run() -> list[tuple[int, int]]:
+        async with Database(url) as db, db.unit_of_work(read_only=True) as uow:
+            agents = (await uow.agents.list()).items
+            return [
+                (
+                    (await uow.messages.search(agent.id, query)).total,
+                    (await uow.passages.search_text(agent.id, query)).total,
+                )
+                for agent in agents
+            ]
+
+    return asyncio.run(run())
+
+
 def _check_populated(rows: Dump) -> None:
     """The fixture data really has what the copy must carry (so equality means something)."""
     assert [len(rows[t.name]) for t in TABLES] == [2, 4, 2, 8, 6]
@@ -149,6 +166,9 @@ def test_copy_moves_every_row_and_a_second_run_adds_nothing(
     half = [row for row in copied["archival_passages"] if row["embedding_model"] == "half"]
     assert half[0]["embedding"] is None
     assert half[0]["embedding_half"] == [0.5, 0.25, -1.5, 3.099609375]
+    # The destination computed its own search words, and finds the same.
+    assert _search_totals(destination, "NAÏVE 日本語") == [(1, 0), (1, 0)]
+    assert _search_totals(destination, "FAIT DEUX Ü") == [(0, 1), (0, 1)]
 
     assert main(["copy", source, destination]) == 0
     out = capsys.readouterr().out
@@ -250,11 +270,14 @@ def test_export_then_import_round_trips_every_row(
     assert uuid.UUID(first["row"]["id"])
     assert first["row"]["created_at"].endswith("+00:00")
     assert json.loads(lines[-1]) == {"end": True, "tables": header["tables"]}
+    assert "search_words" not in file.read_text(encoding="utf-8")  # derived, so not exported
 
     assert main(["db", "upgrade", "--url", destination]) == 0
     assert main(["import", destination, str(file)]) == 0
     assert "imported 8 messages" in capsys.readouterr().out
     assert dump(destination) == dump(source)
+    assert _search_totals(destination, "naive") == [(0, 0), (0, 0)]
+    assert _search_totals(destination, "naïve") == [(1, 0), (1, 0)]
     assert main(["import", destination, str(file)]) == 0
     assert "imported 0 messages (8 already there)" in capsys.readouterr().out
     _check_populated(dump(destination))

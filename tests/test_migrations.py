@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import sys
+import unicodedata
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from sqlalchemy.engine import Connection, make_url
 
 from memorm import Database, SchemaError, metadata
 from memorm.migrate import head_revision, include_name
+from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS
+from memorm.types import utcnow
 
 pytestmark = pytest.mark.anyio
 
@@ -156,3 +159,97 @@ async def test_alembic_command_line_upgrades_checks_and_downgrades(engine: str, 
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
+
+
+# -- 0006: search words computed by memorm -----------------------------------------
+
+# Texts that 0005's full-text indexes could not all find (issue #12).
+LEGACY_TEXTS = [
+    "İstanbul'da",
+    unicodedata.normalize("NFD", "café crème"),
+    "ΟΔΟΣ",
+    "lorem " * 20_000 + "needle",
+    "y" * 3_000,
+]
+BULK = 2_100  # more rows than one batch of 0006's backfill
+EMPTY_AGENT = {"core_memory": {}, "llm_config": {}, "version": 1}
+LEGACY_QUERIES = {"İSTANBUL": 0, "CAFÉ": 1, "οδος": 2, "needle": 3, "Y" * 3_000: 4, "lorem": 3}
+
+
+async def _insert_at_0005(db: Database) -> uuid.UUID:
+    """An agent, a session, messages and passages as 0005-era code wrote them: raw inserts."""
+    agent, chat, now = uuid.uuid4(), uuid.uuid4(), utcnow()
+
+    async def insert(connection: Any, model: sa.Table, *rows: dict[str, Any]) -> None:
+        common = {"created_at": now, "updated_at": now, "meta": {}}
+        rows = tuple({"id": uuid.uuid4(), **common, **row} for row in rows)
+        clause = sa.table(model.name, *(sa.column(name, model.c[name].type) for name in rows[0]))
+        await connection.execute(sa.insert(clause), list(rows))
+
+    texts = LEGACY_TEXTS + [f"bulk {n}" for n in range(BULK)]
+    async with db.engine.begin() as c:
+        await insert(c, AGENTS, {"id": agent, "name": "legacy", "system": ""} | EMPTY_AGENT)
+        await insert(c, SESSIONS, {"id": chat, "agent_id": agent, "next_seq": len(texts) + 1})
+        await insert(
+            c, EMBEDDING_MODELS, {"agent_id": agent, "name": "default", "dim": 2, "precision": "float32"}
+        )
+        message = {"session_id": chat, "agent_id": agent, "role": "user"}
+        await insert(
+            c, MESSAGES, *({**message, "seq": seq, "content": text} for seq, text in enumerate(texts, 1))
+        )
+        passage = {
+            "agent_id": agent,
+            "embedding": [1.0, 0.0],
+            "embedding_model": "default",
+            "embedding_dim": 2,
+        }
+        await insert(c, PASSAGES, *({**passage, "text": text} for text in LEGACY_TEXTS))
+    return agent
+
+
+async def _legacy_found(db: Database, agent: uuid.UUID) -> dict[str, tuple[list[str], list[str]]]:
+    found = {}
+    async with db.unit_of_work(read_only=True) as uow:
+        for query in LEGACY_QUERIES:
+            messages = await uow.messages.search(agent, query)
+            passages = await uow.passages.search_text(agent, query)
+            found[query[:20]] = ([m.content[:20] for m in messages], [p.text[:20] for p in passages])
+    return found
+
+
+async def test_0006_computes_the_search_words_of_rows_written_before_it(store: Store) -> None:
+    expected = {
+        query[:20]: ([LEGACY_TEXTS[i][:20]], [LEGACY_TEXTS[i][:20]]) for query, i in LEGACY_QUERIES.items()
+    }
+    async with store.database() as db:
+        await db.upgrade("0005")
+        agent = await _insert_at_0005(db)
+        await db.upgrade()
+        assert await _drift(db) == []
+        assert await _legacy_found(db, agent) == expected
+        async with db.unit_of_work(read_only=True) as uow:
+            assert (await uow.messages.search(agent, "bulk")).total == BULK
+            assert [m.content for m in await uow.messages.search(agent, str(BULK - 1))] == [
+                f"bulk {BULK - 1}"
+            ]
+        # Down to 0005 the old indexes are back (and the column gone); up again, all is found.
+        await db.downgrade("0005")
+        async with db.engine.connect() as connection:
+            columns = await connection.run_sync(lambda c: sa.inspect(c).get_columns("messages"))
+            assert "search_words" not in {column["name"] for column in columns}
+            if db.dialect == "sqlite":
+                old = "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'needle'"
+            else:
+                old = (
+                    "SELECT count(*) FROM messages WHERE to_tsvector('simple'::regconfig, "
+                    "regexp_replace(left(content, 100000), '[^[:alnum:]]+', ' ', 'g')) "
+                    "@@ plainto_tsquery('simple', 'lorem')"
+                )
+            assert (await connection.exec_driver_sql(old)).scalar() == 1
+        await db.upgrade()
+        assert await _legacy_found(db, agent) == expected
+        async with db.unit_of_work() as uow:  # and new rows beside the migrated ones
+            chat = (await uow.sessions.list(agent)).items[0]
+            await uow.messages.append(chat.id, {"role": "user", "content": "İSTANBUL again"})
+        async with db.unit_of_work(read_only=True) as uow:
+            assert (await uow.messages.search(agent, "i̇stanbul")).total == 2

@@ -18,7 +18,7 @@ from memorm import Agent, Database, NotFoundError, ValidationError
 from memorm.models import SESSIONS
 from memorm.retention import Removed
 from memorm.retention import purge_expired as purge_expired_in_batches
-from memorm.search.fts_ddl import pg_document
+from memorm.search.fts_ddl import FTS_INDEXES
 
 pytestmark = pytest.mark.anyio
 
@@ -751,18 +751,19 @@ async def _index_traces(db: Database, word: str) -> dict[str, int]:
                 )
         else:
             await c.execute(sa.text("SET LOCAL enable_seqscan = off"))
-            for table, column in (("messages", "content"), ("archival_passages", "text")):
-                query = f"FROM {table} WHERE {pg_document(column)} @@ plainto_tsquery('simple', :w)"
+            for index in FTS_INDEXES:
+                table, words = index.table.name, index.words
+                query = f"FROM {table} WHERE {words} @@ CAST(:q AS tsquery)"
                 plan = "\n".join(
-                    (await c.execute(sa.text(f"EXPLAIN SELECT id {query}"), {"w": word})).scalars()
+                    (await c.execute(sa.text(f"EXPLAIN SELECT id {query}"), {"q": word})).scalars()
                 )
-                assert f"ix_{table}_{column}_fts" in plan, plan  # the query goes through the GIN index
+                assert index.gin_index in plan, plan  # the query goes through the GIN index
                 traces[f"{table} gin"] = (
-                    await c.execute(sa.text(f"SELECT count(*) {query}"), {"w": word})
+                    await c.execute(sa.text(f"SELECT count(*) {query}"), {"q": word})
                 ).scalar_one()
                 stat = sa.text("SELECT coalesce(sum(ndoc), 0) FROM ts_stat(:q) WHERE word = :w")
                 traces[f"{table} ts_stat"] = (
-                    await c.execute(stat, {"q": f"SELECT {pg_document(column)} FROM {table}", "w": word})
+                    await c.execute(stat, {"q": f"SELECT {words} FROM {table}", "w": word})
                 ).scalar_one()
             await c.rollback()
     return traces

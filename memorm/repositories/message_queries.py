@@ -16,7 +16,7 @@ from sqlalchemy.sql import ColumnElement
 
 from memorm.driver import fetch
 from memorm.errors import NotFoundError, ValidationError
-from memorm.models import MESSAGES, SESSIONS, Message, hydrate
+from memorm.models import MESSAGES, SESSIONS, Message, fields, hydrate
 from memorm.page import Page
 from memorm.repositories.base import Repository
 from memorm.repositories.message_input import (
@@ -31,17 +31,18 @@ from memorm.validation import as_uuid, check_limit, check_text
 
 __all__ = ["MessageQueries"]
 
-_COLUMNS = tuple(column.name for column in MESSAGES.columns)
+_FIELDS = fields(MESSAGES)  # not the derived search words
+_COLUMNS = tuple(column.name for column in _FIELDS)
 SEQ_MAX = 2**31 - 1  # seq is a 32-bit integer
 SEQ_MIN = -(2**31)
 _WINDOW_BACK = (  # the newest `limit` messages up to seq `bound`, newest first
-    sa.select(*MESSAGES.c)
+    sa.select(*_FIELDS)
     .where(MESSAGES.c.session_id == sa.bindparam("session_id"), MESSAGES.c.seq <= sa.bindparam("bound"))
     .order_by(MESSAGES.c.seq.desc())
     .limit(sa.bindparam("limit"))
 )
 _WINDOW_FORWARD = (  # the oldest `limit` messages from seq `bound` on
-    sa.select(*MESSAGES.c)
+    sa.select(*_FIELDS)
     .where(MESSAGES.c.session_id == sa.bindparam("session_id"), MESSAGES.c.seq >= sa.bindparam("bound"))
     .order_by(MESSAGES.c.seq)
     .limit(sa.bindparam("limit"))
@@ -280,7 +281,7 @@ class MessageQueries(Repository):
         identity map is bypassed (Core UPDATEs, such as prepend moving the
         system message, would otherwise leave it holding old values).
         """
-        query = sa.select(*MESSAGES.c).where(*where)
+        query = sa.select(*_FIELDS).where(*where)
         if order is not None:
             query = query.order_by(order)
         if limit is not None:

@@ -125,6 +125,7 @@ class MessageRepository(MessageRetention):
                 sa.update(MESSAGES)
                 .where(MESSAGES.c.session_id == key, MESSAGES.c.seq == head[0])
                 .values(content=row["content"], token_count=tokens, updated_at=now)
+                .values(search_words=row["content"])  # the derived words follow the text
             )
             return (await self._select(MESSAGES.c.session_id == key, MESSAGES.c.seq == head[0]))[0]
         if head is None:

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.sql import ColumnElement
 
 from memorm.errors import NotFoundError, ValidationError
-from memorm.models import EMBEDDING_MODELS, PASSAGES, ArchivalPassage, EmbeddingModel, hydrate
+from memorm.models import EMBEDDING_MODELS, PASSAGES, ArchivalPassage, EmbeddingModel, fields, hydrate
 from memorm.page import Page
 from memorm.repositories.base import Repository
 from memorm.search.filters import Filter, filter_conditions
@@ -30,7 +30,8 @@ from memorm.validation import as_uuid, check_limit, check_text, check_vector
 
 __all__ = ["PassageQueries"]
 
-_COLUMNS = tuple(column.name for column in PASSAGES.columns)
+_FIELDS = fields(PASSAGES)  # not the derived search words
+_COLUMNS = tuple(column.name for column in _FIELDS)
 _PRECISIONS = ("float32", "float16")
 _ITEM_FIELDS = frozenset(("text", "embedding", "meta", "embedding_model", "id", "created_at"))
 RRF_K = 60  # reciprocal rank fusion's damping constant (Cormack et al.)
@@ -285,5 +286,5 @@ class PassageQueries(Repository):
     async def _load(self, ids: builtins.list[uuid.UUID]) -> dict[uuid.UUID, ArchivalPassage]:
         if not ids:
             return {}
-        rows = await self._execute(sa.select(*PASSAGES.c).where(PASSAGES.c.id.in_(ids)))
+        rows = await self._execute(sa.select(*_FIELDS).where(PASSAGES.c.id.in_(ids)))
         return {row.id: hydrate(ArchivalPassage, dict(row._mapping)) for row in rows}

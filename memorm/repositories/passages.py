@@ -218,6 +218,7 @@ class PassageRepository(PassageQueries):
             .where(PASSAGES.c.id == key)
             .values(
                 text=new_text,
+                search_words=new_text,
                 embedding=None if half else vector,
                 embedding_half=vector if half else None,
                 updated_at=now,

@@ -1,15 +1,19 @@
 """DDL of the full-text indexes, attached to the metadata for ``create_all``.
 
-The indexes are not model columns: FTS5 virtual tables exist only on SQLite,
-and the GIN expression indexes only on Postgres.  Migration 0002 creates the
-same objects (its own frozen copy of these statements); autogenerate ignores
-them (:func:`is_fts_object`).
+Both index the derived ``search_words`` column (:class:`memorm.types.SearchWords`):
+the distinct words memorm's normaliser found in the text
+(:mod:`memorm.search.normalize`), so the engines' own tokenizers and the
+database's locale never decide what a word is.  The indexes are not model
+columns: FTS5 virtual tables exist only on SQLite, the GIN indexes only on
+Postgres.  Migration 0006 creates the same objects (its own frozen copy of
+these statements); autogenerate ignores them (:func:`is_fts_object`).
 
 * SQLite: an external-content FTS5 table per indexed table, keyed on the
   source row's ``rowid`` and kept in sync by triggers (insert, delete —
-  including cascades — and updates of the text).
-* Postgres: a GIN index on :func:`pg_document` (``to_tsvector('simple', …)``);
-  queries use the same expression, so the index stays in sync by itself.
+  including cascades — and updates of the words).  The ``ascii`` tokenizer
+  splits only at the spaces between stored words: every other character,
+  and every non-ASCII one, belongs to a word.
+* Postgres: a GIN index on the ``tsvector`` column itself.
 """
 
 from __future__ import annotations
@@ -18,36 +22,19 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from memorm.models import MESSAGES, PASSAGES
+from memorm.models import MESSAGES, PASSAGES, SEARCH_WORDS
 
 __all__ = ["FTS_INDEXES", "FullTextIndex", "is_fts_object"]
 
-TOKENIZER = "unicode61 remove_diacritics 0"
-TS_CONFIG = "simple"  # no stemming or stop words: the same matches as FTS5's unicode61
-INDEXED_CHARS = 100_000
-
-
-def pg_document(column: str) -> str:
-    """The Postgres ``tsvector`` expression of the GIN index, and of every query using it.
-
-    Everything but letters and digits becomes a space first, so Postgres splits
-    words where FTS5's unicode61 does (its parser would keep ``a@b.com``,
-    ``example.org`` or ``3.14`` whole).  Only the first :data:`INDEXED_CHARS`
-    characters are indexed: a tsvector is capped at 1 MB, and a huge message
-    of distinct words would otherwise fail to insert.
-    """
-    return (
-        f"to_tsvector('{TS_CONFIG}'::regconfig, "
-        f"regexp_replace(left({column}, {INDEXED_CHARS}), '[^[:alnum:]]+', ' ', 'g'))"
-    )
+TOKENIZER = "ascii"
 
 
 @dataclass(frozen=True)
 class FullTextIndex:
-    """The full-text index over one text column."""
+    """The full-text index of one table, over its derived search words column."""
 
     table: sa.Table
-    column: str
+    words: str = SEARCH_WORDS
 
     @property
     def fts_table(self) -> str:
@@ -57,10 +44,10 @@ class FullTextIndex:
     @property
     def gin_index(self) -> str:
         """The GIN index's name (Postgres)."""
-        return f"ix_{self.table.name}_{self.column}_fts"
+        return f"ix_{self.table.name}_{self.words}_fts"
 
     def sqlite_create(self) -> list[str]:
-        t, c, f = self.table.name, self.column, self.fts_table
+        t, c, f = self.table.name, self.words, self.fts_table
         old = f"INSERT INTO {f}({f}, rowid, {c}) VALUES ('delete', old.rowid, old.{c});"
         new = f"INSERT INTO {f}(rowid, {c}) VALUES (new.rowid, new.{c});"
         return [
@@ -83,14 +70,14 @@ class FullTextIndex:
         ]
 
     def postgres_create(self) -> list[str]:
-        return [f"CREATE INDEX {self.gin_index} ON {self.table.name} USING gin ({pg_document(self.column)})"]
+        return [f"CREATE INDEX {self.gin_index} ON {self.table.name} USING gin ({self.words})"]
 
     def postgres_drop(self) -> list[str]:
         return [f"DROP INDEX IF EXISTS {self.gin_index}"]
 
 
-MESSAGES_FTS = FullTextIndex(MESSAGES, "content")
-PASSAGES_FTS = FullTextIndex(PASSAGES, "text")
+MESSAGES_FTS = FullTextIndex(MESSAGES)
+PASSAGES_FTS = FullTextIndex(PASSAGES)
 FTS_INDEXES = (MESSAGES_FTS, PASSAGES_FTS)
 
 _SHADOW_SUFFIXES = ("", "_data", "_idx", "_docsize", "_config", "_content")

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.sql.schema import ScalarElementColumnDefault
 
 from memorm.errors import ValidationError
+from memorm.models import fields
 from memorm.transfer.rows import Row, column_names
 from memorm.types import UTCDateTime, UUIDType
 
@@ -47,7 +48,7 @@ def _decode_datetime(value: str) -> datetime:
 @cache
 def _encoders(table: sa.Table) -> tuple[Convert, ...]:
     encoders: list[Convert] = []
-    for column in table.c:
+    for column in fields(table):
         if isinstance(column.type, UUIDType):
             encoders.append(str)
         elif isinstance(column.type, UTCDateTime):
@@ -60,7 +61,7 @@ def _encoders(table: sa.Table) -> tuple[Convert, ...]:
 @cache
 def _decoders(table: sa.Table) -> tuple[Convert, ...]:
     decoders: list[Convert] = []
-    for column in table.c:
+    for column in fields(table):
         if isinstance(column.type, UUIDType):
             decoders.append(_decode_uuid)
         elif isinstance(column.type, UTCDateTime):
@@ -98,7 +99,7 @@ def from_json_row(table: sa.Table, data: Mapping[str, Any], *, older: bool = Fal
     names = column_names(table)
     if older and any(name not in data for name in names):
         filled = dict(data)
-        for column in table.c:
+        for column in fields(table):
             absent, value = _added_later(column)
             if absent and column.name not in filled:
                 filled[column.name] = value

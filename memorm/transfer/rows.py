@@ -19,7 +19,7 @@ import sqlalchemy as sa
 
 from memorm.db import Database
 from memorm.driver import fetch, insert_rows
-from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS
+from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS, fields
 from memorm.progress import Reporter, Silent
 from memorm.translate import guarded
 
@@ -54,8 +54,12 @@ def table_named(name: object) -> sa.Table:
 
 @cache
 def column_names(table: sa.Table) -> tuple[str, ...]:
-    """The table's columns, in the order its rows' values come."""
-    return tuple(table.c.keys())
+    """The table's columns, in the order its rows' values come.
+
+    Derived columns (full-text search words) are not part of a row: every
+    write computes them again from the row's text.
+    """
+    return tuple(column.name for column in fields(table))
 
 
 def id_index(table: sa.Table) -> int:
@@ -67,8 +71,9 @@ def id_index(table: sa.Table) -> int:
 def _pages(table: sa.Table) -> tuple[sa.Select[Any], sa.Select[Any]]:
     """The first page's statement and the next pages' (module-level, so :func:`fetch` caches them)."""
     limit = sa.bindparam("limit", type_=sa.Integer)
-    first = sa.select(*table.c).order_by(table.c.id).limit(limit)
-    after = sa.select(*table.c).where(table.c.id > sa.bindparam("after")).order_by(table.c.id).limit(limit)
+    columns = fields(table)
+    first = sa.select(*columns).order_by(table.c.id).limit(limit)
+    after = sa.select(*columns).where(table.c.id > sa.bindparam("after")).order_by(table.c.id).limit(limit)
     return first, after
 
 
