@@ -19,6 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from memorm.errors import ValidationError
+from memorm.models import fields
 from memorm.repositories.agents import _check_core_memory, _check_name, _check_retention
 from memorm.repositories.message_input import _GIVEN, check_int, check_message
 from memorm.repositories.passage_queries import _check_half, _check_model_name, _check_shape
@@ -66,7 +67,8 @@ def _rule(kind: sa.types.TypeEngine[Any]) -> Rule | None:
 
 @cache
 def _rules(table: sa.Table) -> tuple[tuple[str, bool, Rule | None], ...]:
-    return tuple((column.name, bool(column.nullable), _rule(column.type)) for column in table.c)
+    # Derived columns (full-text search words) are not in a file: memorm computes them on insert.
+    return tuple((column.name, bool(column.nullable), _rule(column.type)) for column in fields(table))
 
 
 def _storage(table: sa.Table, values: Values) -> None:
