@@ -63,69 +63,68 @@ def _print_messages(messages: Iterable[Message]) -> None:
         print(_line(message))
 
 
-async def run_demo(url: str | None = None) -> None:
-    """Upgrade the schema, hold a scripted chat, store archival facts, and show what memorm answers."""
+async def run_demo(db: Database) -> None:
+    """Upgrade ``db``'s schema, hold a scripted chat, store archival facts, and show what memorm answers."""
     embedder = HashingEmbedder(dim=256)
-    async with Database(url) as db:
-        print(f"memorm demo on {db.url.render_as_string(hide_password=True)} ({db.dialect})")
-        await db.upgrade()
-        async with db.unit_of_work() as uow:
-            agent = await uow.agents.get_by_name("sam") or await uow.agents.create(
-                "sam",
-                system="You are Sam.",
-                core_memory={"persona": "Sam, concise and friendly.", "human": "unknown"},
+    print(f"memorm demo on {db.url.render_as_string(hide_password=True)} ({db.dialect})")
+    await db.upgrade()
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.get_by_name("sam") or await uow.agents.create(
+            "sam",
+            system="You are Sam.",
+            core_memory={"persona": "Sam, concise and friendly.", "human": "unknown"},
+        )
+        chat = await uow.sessions.create(
+            agent.id, title=f"demo {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S}"
+        )
+        stored = await uow.messages.append(chat.id, SCRIPT)
+        agent = await uow.agents.update_core_memory(agent.id, "human", "Ada; likes cycling")
+        if await uow.passages.count(agent.id, embedding_model=embedder.model) == 0:
+            vectors = await embedder.embed(FACTS)
+            await uow.passages.add_many(
+                agent.id,
+                [
+                    {"text": fact, "embedding": vector, "embedding_model": embedder.model}
+                    for fact, vector in zip(FACTS, vectors, strict=True)
+                ],
             )
-            chat = await uow.sessions.create(
-                agent.id, title=f"demo {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S}"
-            )
-            stored = await uow.messages.append(chat.id, SCRIPT)
-            agent = await uow.agents.update_core_memory(agent.id, "human", "Ada; likes cycling")
-            if await uow.passages.count(agent.id, embedding_model=embedder.model) == 0:
-                vectors = await embedder.embed(FACTS)
-                await uow.passages.add_many(
-                    agent.id,
-                    [
-                        {"text": fact, "embedding": vector, "embedding_model": embedder.model}
-                        for fact, vector in zip(FACTS, vectors, strict=True)
-                    ],
-                )
 
-        _title(f"agent {agent.name}, version {agent.version}")
-        for label, text in agent.core_memory.items():
-            print(f"  core memory [{label}]: {text}")
-        print(f"  session {chat.id}: {len(stored)} messages appended, with a tool call and its answer")
+    _title(f"agent {agent.name}, version {agent.version}")
+    for label, text in agent.core_memory.items():
+        print(f"  core memory [{label}]: {text}")
+    print(f"  session {chat.id}: {len(stored)} messages appended, with a tool call and its answer")
 
-        async with db.unit_of_work(read_only=True) as uow:
-            context = await uow.messages.context(chat.id, max_tokens=80)
-            found = await uow.messages.search(agent.id, "cycling", limit=3)
-            today = datetime.now(timezone.utc).date()
-            dated = await uow.messages.between(agent.id, today, today, session_id=chat.id, limit=3)
-            [query] = await embedder.embed(["what does Ada enjoy doing outdoors"])
-            hits = await uow.passages.search(agent.id, query, k=3, embedding_model=embedder.model)
+    async with db.unit_of_work(read_only=True) as uow:
+        context = await uow.messages.context(chat.id, max_tokens=80)
+        found = await uow.messages.search(agent.id, "cycling", limit=3)
+        today = datetime.now(timezone.utc).date()
+        dated = await uow.messages.between(agent.id, today, today, session_id=chat.id, limit=3)
+        [query] = await embedder.embed(["what does Ada enjoy doing outdoors"])
+        hits = await uow.passages.search(agent.id, query, k=3, embedding_model=embedder.model)
 
-        _title("context window under 80 tokens (system pinned, newest that fit)")
-        _print_messages(context)
-        _title(f"full-text recall search 'cycling': {found.total} matches in all sessions")
-        _print_messages(found.items)
-        _title(f"date search, today (UTC) in this session: {dated.total} messages, first 3")
-        _print_messages(dated.items)
-        _title("archival similarity search: 'what does Ada enjoy doing outdoors'")
-        for hit in hits:
-            print(f"  {hit.score:6.3f}  {hit.passage.text}")
+    _title("context window under 80 tokens (system pinned, newest that fit)")
+    _print_messages(context)
+    _title(f"full-text recall search 'cycling': {found.total} matches in all sessions")
+    _print_messages(found.items)
+    _title(f"date search, today (UTC) in this session: {dated.total} messages, first 3")
+    _print_messages(dated.items)
+    _title("archival similarity search: 'what does Ada enjoy doing outdoors'")
+    for hit in hits:
+        print(f"  {hit.score:6.3f}  {hit.passage.text}")
 
-        async with db.unit_of_work() as uow:
-            deleted = await uow.messages.trim(chat.id, keep_last=2)
-            kept = await uow.messages.window(chat.id)
-        _title(f"trim to the newest 2 (system kept): {deleted} deleted")
-        _print_messages(kept)
+    async with db.unit_of_work() as uow:
+        deleted = await uow.messages.trim(chat.id, keep_last=2)
+        kept = await uow.messages.window(chat.id)
+    _title(f"trim to the newest 2 (system kept): {deleted} deleted")
+    _print_messages(kept)
 
-        async with db.unit_of_work(read_only=True) as uow:
-            sessions = await uow.sessions.list(agent.id, limit=1)
-            passages = await uow.passages.count(agent.id)
-            messages = 0
-            for page in range(0, sessions.total, 1000):
-                for session in (await uow.sessions.list(agent.id, limit=1000, offset=page)).items:
-                    messages += await uow.messages.count(session.id)
-        _title("rows")
-        print(f"  agents 1 · sessions {sessions.total} · messages {messages} · passages {passages}")
-        print("\nRun it again: each run adds a session to the same agent.")
+    async with db.unit_of_work(read_only=True) as uow:
+        sessions = await uow.sessions.list(agent.id, limit=1)
+        passages = await uow.passages.count(agent.id)
+        messages = 0
+        for page in range(0, sessions.total, 1000):
+            for session in (await uow.sessions.list(agent.id, limit=1000, offset=page)).items:
+                messages += await uow.messages.count(session.id)
+    _title("rows")
+    print(f"  agents 1 · sessions {sessions.total} · messages {messages} · passages {passages}")
+    print("\nRun it again: each run adds a session to the same agent.")
