@@ -144,10 +144,11 @@ async def main(argv: Sequence[str] | None = None) -> int:
         module_started = time.perf_counter()
         rows: list[Row] = await modules[name].run(engines, quick=args.quick)
         results += rows
-        for engine in engines:
+        for engine in [*engines, *sorted({row.engine for row in rows} - set(engines))]:
             engine_rows = [row for row in rows if row.engine == engine]
             if engine_rows:
-                print_table(f"== {name} on {engine} ==", engine_rows)
+                where = f" on {engine}" if engine in ENGINES else ""  # startup's rows have no engine
+                print_table(f"== {name}{where} ==", engine_rows)
         print(f"\n({name}: {time.perf_counter() - module_started:.1f} s)")
     elapsed = time.perf_counter() - started
 

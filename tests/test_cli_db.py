@@ -27,14 +27,18 @@ def test_demo_tours_the_features_and_can_run_again(
 
 
 def test_db_upgrade_current_and_downgrade(plain_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["db", "current", "--url", plain_url]) == 0
-    assert "base" in capsys.readouterr().out
-    assert main(["db", "upgrade", "--url", plain_url]) == 0
+    assert main(["db", "upgrade", "--url", plain_url]) == 0  # on SQLite, it creates the file
     assert capsys.readouterr().out.strip() == f"upgraded to {head_revision()}"
+    assert main(["db", "current", "--url", plain_url]) == 0
+    assert capsys.readouterr().out.strip() == head_revision()
     assert main(["db", "downgrade", "0002", "--url", plain_url]) == 0
     assert capsys.readouterr().out.strip() == "downgraded to 0002"
     assert main(["db", "current", "--url", plain_url]) == 0
     assert capsys.readouterr().out.strip() == "0002"
+    assert main(["db", "downgrade", "base", "--url", plain_url]) == 0
+    assert capsys.readouterr().out.strip() == "downgraded to base (empty)"
+    assert main(["db", "current", "--url", plain_url]) == 0
+    assert capsys.readouterr().out.strip() == "base (no memorm schema)"
 
 
 def test_errors_are_one_line_and_exit_1(plain_url: str, capsys: pytest.CaptureFixture[str]) -> None:

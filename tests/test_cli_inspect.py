@@ -320,14 +320,6 @@ def test_import_into_an_unreachable_server_is_one_line(capsys: pytest.CaptureFix
     assert len(err.strip().splitlines()) == 1
 
 
-def test_a_missing_sqlite_file_is_not_created(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    path = tmp_path / "nowhere.db"
-    code, _, err = memorm(capsys, "stats", "--url", f"sqlite:///{path}")
-    assert code == 1
-    assert "cannot reach the database" in err
-    assert not path.exists()
-
-
 def test_debug_shows_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(Exception, match="cannot reach the database"):
         main(["--debug", "check", "--url", "postgresql://root@127.0.0.1:1/memorm"])

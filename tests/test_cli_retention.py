@@ -20,7 +20,7 @@ from rich.progress import Progress
 
 from memorm import Database
 from memorm.cli import main
-from memorm.cli import retention as retention_cli
+from memorm.cli import progress as progress_cli
 from memorm.types import utcnow
 
 T = TypeVar("T")
@@ -260,7 +260,7 @@ def test_purge_reports_progress_per_task(
         bars.append(Progress(console=Console(file=io.StringIO(), force_terminal=True)))
         return bars[-1]
 
-    monkeypatch.setattr(retention_cli, "progress_bar", terminal_bar)
+    monkeypatch.setattr(progress_cli, "progress_bar", terminal_bar)  # the handler imports it when it runs
     argv = ["purge", "--expired", "--older-than", "30d", "--batch", "1", "--url", history]
     assert memorm(capsys, *argv)[0] == 0  # one row per batch: the bars add the batches up
     tasks = {task.description: (task.completed, task.total) for task in bars[0].tasks}

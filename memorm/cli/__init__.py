@@ -1,52 +1,69 @@
 """The ``memorm`` command.
 
-Each module in this package that defines ``register(commands)`` adds its
-subcommands (``argparse`` subparsers whose ``handler`` default is an async
-function of the parsed arguments).  Every command takes ``--url`` (else
-``MEMORM_DATABASE_URL``, else ``sqlite:///memorm.db``).  Errors print one line
-and exit non-zero; ``--debug`` shows the traceback.
+Each module named in :data:`COMMANDS` defines ``register(commands)``, which
+adds its subcommands (``argparse`` subparsers whose ``handler`` default is an
+async function of the parsed arguments).  Registering imports nothing heavy:
+SQLAlchemy, alembic, numpy, rich and memorm's services load inside the
+handlers, so ``memorm --help`` and ``memorm --version`` answer in about a
+tenth of a second and each command loads only what it uses
+(tests/test_cli_startup.py keeps it so).  Every command takes ``--url``
+(else ``MEMORM_DATABASE_URL``, else ``sqlite:///memorm.db``) or URLs as
+arguments, and opens them with :func:`memorm.cli.reach.open_database`.
+Errors print one line and exit non-zero; ``--debug`` shows the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
-import pkgutil
 import sys
 from collections.abc import Sequence
 
-from alembic.util import CommandError
+from memorm import __version__
 
-from memorm.errors import MemormError
+__all__ = ["COMMANDS", "main"]
 
-__all__ = ["main"]
+# The modules that register subcommands, in the order ``memorm --help`` lists them.
+COMMANDS = ("db", "demo", "inspect", "legacy", "retention", "transfer")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memorm", description="memorm: agents' memory in a database.")
+    parser.add_argument("--version", action="version", version=f"memorm {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        register = getattr(importlib.import_module(f"{__name__}.{module.name}"), "register", None)
-        if register is not None:
-            register(commands)
+    for name in COMMANDS:
+        importlib.import_module(f"{__name__}.{name}").register(commands)
     return parser
+
+
+def _said_in_one_line(error: Exception) -> bool:
+    """Whether ``error`` is one the user can act on from its message alone."""
+    from memorm.errors import MemormError
+
+    if isinstance(error, (MemormError, OSError)):
+        return True
+    # alembic's CommandError (an unknown revision, say): if alembic was never
+    # imported, the error cannot be one, and importing it to check costs a second.
+    alembic = sys.modules.get("alembic.util.exc")
+    return alembic is not None and isinstance(error, alembic.CommandError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = _parser().parse_args(argv)
+    import asyncio  # after parsing: --help and usage errors need no event loop
+
     try:
         result = asyncio.run(args.handler(args))
-    except (MemormError, OSError, CommandError) as error:  # alembic's: an unknown revision, say
-        if args.debug:
-            raise
-        print(f"memorm: error: {error}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print("memorm: interrupted", file=sys.stderr)
         return 130
+    except Exception as error:
+        if args.debug or not _said_in_one_line(error):
+            raise
+        print(f"memorm: error: {error}", file=sys.stderr)
+        return 1
     return int(result or 0)
 
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from memorm.demo import run_demo
-
 __all__ = ["register"]
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    await run_demo(args.url)
+    from memorm.cli.reach import open_database
+    from memorm.demo import run_demo
+
+    async with open_database(args.url, create=True) as db:
+        await run_demo(db)
     return 0
 
 

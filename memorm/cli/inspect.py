@@ -4,19 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
-from rich.console import Console
-from rich.table import Table
-
-from memorm.cli.reach import open_database
-from memorm.db import Database
-from memorm.migrate import check_drift
-from memorm.models import AGENTS, MESSAGES, SESSIONS, metadata
-from memorm.translate import READ_ONLY
-from memorm.types import utcnow
+if TYPE_CHECKING:
+    from memorm.db import Database
 
 __all__ = ["register", "run_check"]
 
@@ -25,6 +16,9 @@ TOP_SESSIONS = 10
 
 async def run_check(args: argparse.Namespace) -> int:
     """``memorm db check`` (and its alias ``memorm check``): schema at head, and no drift."""
+    from memorm.cli.reach import open_database
+    from memorm.migrate import check_drift
+
     async with open_database(args.url) as db:
         differences = await check_drift(db)
         where = db.url.render_as_string(hide_password=True)
@@ -48,6 +42,12 @@ def _size(number: float) -> str:
 
 async def _database_size(db: Database, connection: Any) -> int:
     """Bytes on disk: SQLite's file and its WAL; on Postgres, memorm's tables with indexes and TOAST."""
+    from pathlib import Path
+
+    import sqlalchemy as sa
+
+    from memorm.models import metadata
+
     if db.dialect == "sqlite":
         path = Path(db.url.database or "")
         files = [path, path.with_name(path.name + "-wal")]
@@ -60,6 +60,15 @@ async def _database_size(db: Database, connection: Any) -> int:
 
 
 async def _stats(args: argparse.Namespace) -> int:
+    import sqlalchemy as sa
+    from rich.console import Console
+    from rich.table import Table
+
+    from memorm.cli.reach import open_database
+    from memorm.models import AGENTS, MESSAGES, SESSIONS, metadata
+    from memorm.translate import READ_ONLY
+    from memorm.types import utcnow
+
     async with open_database(args.url) as db:
         await db.check_schema()
         engine = db.engine.execution_options(**{READ_ONLY: True})

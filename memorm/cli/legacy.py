@@ -6,14 +6,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from memorm.cli.reach import open_database
-from memorm.embeddings import HashingEmbedder
-from memorm.legacy.memgpt import import_agents, read_directory
-
 __all__ = ["register"]
 
 
 async def _import_memgpt(args: argparse.Namespace) -> int:
+    from memorm.cli.reach import open_database
+    from memorm.embeddings import HashingEmbedder
+    from memorm.legacy.memgpt import import_agents, read_directory
+
     # Everything is read and checked first: a refused directory writes nothing.
     agents = read_directory(Path(args.directory), only=args.agent)
     embedder = HashingEmbedder()

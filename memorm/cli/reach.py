@@ -1,9 +1,18 @@
-"""Opening the commands' database, with connection failures said in one line.
+"""Opening the commands' database: a missing SQLite file and a failed connection said in one line.
 
-``memorm.cli.main`` prints any ``MemormError`` as one line; this module makes
-sure a refused connection, an unknown host, a missing database or a bad
-password arrive as one (``cannot reach the database at <url>: why``), the URL
-shown without its password.
+Every command opens its database with :func:`open_database`, which decides
+two things in one place:
+
+* A SQLite file that is not there is an error naming its path, and is not
+  created: SQLite would otherwise make an empty database of a mistyped path,
+  and the command would go on to report a missing schema.  Only commands whose
+  job is to make a database (``db upgrade``, ``demo``, the destination of
+  ``copy`` and ``import``) pass ``create=True``.
+* A refused connection, an unknown host, a missing Postgres database or a bad
+  password arrive as one ``MemormError`` (``cannot reach the database at
+  <url>: why``), the URL shown without its password.  The connection is tried
+  on entry, so with two databases open (``copy``) the message names the one
+  that failed.
 """
 
 from __future__ import annotations
@@ -20,11 +29,15 @@ from memorm.db import Database
 from memorm.errors import DatabaseError, MemormError
 from memorm.translate import translate
 
-__all__ = ["open_database", "unreachable"]
+__all__ = ["missing_sqlite_file", "open_database", "unreachable"]
 
 # SQLSTATE classes of a failed connection: 08 connection exception, 28 bad
 # authorization, 3D no such database.
 _CONNECT_CODES = ("08", "28", "3D")
+
+
+class _Unreachable(DatabaseError):
+    """A connection failure already attributed to its database: an outer ``open_database`` leaves it be."""
 
 
 def _why(error: BaseException) -> str:
@@ -45,30 +58,61 @@ def unreachable(error: BaseException, where: str) -> MemormError | None:
     )
     if not failed:
         return None
-    return DatabaseError(f"cannot reach the database at {where}: {_why(error)}")
+    return _Unreachable(f"cannot reach the database at {where}: {_why(error)}")
 
 
-def _missing_file(db: Database) -> bool:
-    path = db.url.database
-    return db.dialect == "sqlite" and bool(path) and path != ":memory:" and not Path(path or "").exists()
+def missing_sqlite_file(db: Database) -> Path | None:
+    """The absolute path of ``db``'s SQLite file if it does not exist; None otherwise.
+
+    None too for other engines, in-memory databases and ``file:`` URIs (which
+    SQLite opens by its own rules, ``mode=rw`` included).
+    """
+    name = db.url.database
+    if db.dialect != "sqlite" or not name or name == ":memory:" or name.startswith("file:"):
+        return None
+    path = Path(name).absolute()
+    return None if path.exists() else path
+
+
+async def _connect(db: Database, where: str) -> None:
+    """Open one connection now, so that a failure names this database."""
+    try:
+        async with db.engine.connect():
+            pass
+    except Exception as error:
+        found = unreachable(error, where) or translate(error)
+        if found is None or found is error:
+            raise
+        raise found from error
 
 
 @asynccontextmanager
-async def open_database(url: str | None, *, must_exist: bool = True) -> AsyncIterator[Database]:
+async def open_database(url: str | None, *, create: bool = False) -> AsyncIterator[Database]:
     """A :class:`Database` on ``url`` (else ``MEMORM_DATABASE_URL``, else the default), disposed after.
+
+    Args:
+        url: the database's URL as the user gave it.
+        create: the command makes the database, so a missing SQLite file is
+            created; without it, a missing file raises ``DatabaseError``
+            naming the path, and nothing is created.
 
     Errors inside the block leave as ``MemormError``: connection failures as
     "cannot reach the database at …", other driver errors as memorm translates
-    them.  With ``must_exist``, a SQLite file that is not there is an error
-    rather than silently created empty.
+    them.
     """
     db = Database(url)
     where = db.url.render_as_string(hide_password=True)
     try:
-        if must_exist and _missing_file(db):
-            raise DatabaseError(f"cannot reach the database at {where}: no such file")
+        missing = None if create else missing_sqlite_file(db)
+        if missing is not None:
+            raise DatabaseError(
+                f"no SQLite database at {missing} (check the URL; `memorm db upgrade` creates one)"
+            )
+        await _connect(db, where)
         try:
             yield db
+        except _Unreachable:
+            raise
         except MemormError as error:
             cause = error.__cause__
             found = unreachable(cause, where) if cause is not None else None

@@ -14,15 +14,13 @@ import re
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import partial
-from typing import Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
-from memorm.cli.progress import Bars, progress_bar
-from memorm.cli.reach import open_database
 from memorm.errors import ValidationError
 from memorm.progress import Reporter
-from memorm.retention import MAX_BATCH, Removed, forget, purge_expired, purge_older_than
-from memorm.types import utcnow
-from memorm.validation import check_duration, check_json
+
+if TYPE_CHECKING:
+    from memorm.retention import Removed
 
 __all__ = ["duration", "meta_condition", "register"]
 
@@ -34,6 +32,8 @@ _META = re.compile(r"([A-Za-z0-9_-]{1,64})(:?=)(.*)", re.DOTALL)
 
 def duration(text: str) -> timedelta:
     """``90m``, ``12h``, ``30d``, ``2w``: a positive whole number and a unit (s, m, h, d, w)."""
+    from memorm.validation import check_duration
+
     found = _DURATION.fullmatch(text)
     if found is None:
         raise argparse.ArgumentTypeError(
@@ -54,6 +54,8 @@ def _reject_constant(name: str) -> NoReturn:
 
 def meta_condition(text: str) -> tuple[str, Any]:
     """``key=value`` (the string ``value``) or ``key:=JSON`` (a typed value: ``42``, ``true``, ``null``)."""
+    from memorm.validation import check_json
+
     found = _META.fullmatch(text)
     if found is None:
         raise argparse.ArgumentTypeError(
@@ -98,6 +100,8 @@ class _Where(argparse.Action):
 
 
 def _batch(text: str) -> int:
+    from memorm.retention import MAX_BATCH
+
     if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= MAX_BATCH:
         raise argparse.ArgumentTypeError(f"expected a whole number from 1 to {MAX_BATCH:,}, got {text!r}")
     return int(text)
@@ -128,6 +132,11 @@ async def _purge(fail: Callable[[str], NoReturn], args: argparse.Namespace) -> i
         fail("give --expired, --older-than DURATION, or both")
     if args.agent is not None and (args.expired or args.older_than is None):
         fail("--agent scopes --older-than only (--expired purges every agent's expired sessions)")
+    from memorm.cli.progress import Bars, progress_bar
+    from memorm.cli.reach import open_database
+    from memorm.retention import Removed, purge_expired, purge_older_than
+    from memorm.types import utcnow
+
     batch: dict[str, Any] = {} if args.batch is None else {"batch": args.batch}
     now = utcnow()
     cutoff = None if args.older_than is None else now - args.older_than
@@ -158,6 +167,10 @@ async def _purge(fail: Callable[[str], NoReturn], args: argparse.Namespace) -> i
 
 
 async def _forget(args: argparse.Namespace) -> int:
+    from memorm.cli.progress import Bars, progress_bar
+    from memorm.cli.reach import open_database
+    from memorm.retention import forget
+
     async with open_database(args.url) as db:
         with progress_bar() as progress:
             removed = await forget(

@@ -3,6 +3,9 @@
 The logic lives in :mod:`memorm.transfer`; this module parses arguments,
 draws progress with rich (on stderr, and only on a terminal) and prints a
 summary.  A failed verification prints the tables that differ and exits 1.
+The databases read must exist; the destination of ``copy`` and the target of
+``import`` are created (SQLite) and migrated when empty (see
+:func:`memorm.transfer.target.prepare_destination`).
 """
 
 from __future__ import annotations
@@ -10,17 +13,22 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from memorm.cli.progress import Bars, progress_bar
-from memorm.db import Database
-from memorm.transfer import DEFAULT_BATCH_SIZE, TABLES, copy_database, export_jsonl, import_jsonl
-from memorm.transfer.copy import CopyReport, verify_copy
+if TYPE_CHECKING:
+    from memorm.transfer.copy import CopyReport
 
 __all__ = ["register"]
 
+# memorm.transfer's DEFAULT_BATCH_SIZE, stated for --help without importing it
+# (tests/test_cli_transfer.py checks that they agree).
+DEFAULT_BATCH_SIZE = 5_000
+MAX_BATCH_SIZE = 20_000
+
 
 def _summary(verb: str, inserted: Mapping[str, int], skipped: Mapping[str, int]) -> None:
+    from memorm.transfer import TABLES
+
     for table in TABLES:
         name = table.name
         extra = f" ({skipped[name]:,} already there)" if skipped.get(name) else ""
@@ -39,7 +47,16 @@ def _verdict(report: CopyReport) -> int:
 
 
 async def _copy(args: argparse.Namespace) -> int:
-    async with Database(args.source) as source, Database(args.destination) as destination:
+    from memorm.cli.progress import Bars, progress_bar
+    from memorm.cli.reach import open_database
+    from memorm.transfer import copy_database
+    from memorm.transfer.copy import verify_copy
+
+    # The source first: a missing source creates no destination.
+    async with (
+        open_database(args.source) as source,
+        open_database(args.destination, create=not args.verify_only) as destination,
+    ):
         with progress_bar() as progress:
             bars = Bars(progress)
             if args.verify_only:
@@ -54,7 +71,11 @@ async def _copy(args: argparse.Namespace) -> int:
 
 
 async def _export(args: argparse.Namespace) -> int:
-    async with Database(args.url) as db:
+    from memorm.cli.progress import Bars, progress_bar
+    from memorm.cli.reach import open_database
+    from memorm.transfer import export_jsonl
+
+    async with open_database(args.url) as db:
         with progress_bar() as progress:
             written = await export_jsonl(db, args.file, batch_size=args.batch_size, reporter=Bars(progress))
     _summary("exported", written, {})
@@ -62,7 +83,15 @@ async def _export(args: argparse.Namespace) -> int:
 
 
 async def _import(args: argparse.Namespace) -> int:
-    async with Database(args.url) as db:
+    from memorm.cli.progress import Bars, progress_bar
+    from memorm.cli.reach import open_database
+    from memorm.config import resolve_url
+    from memorm.transfer import import_jsonl
+    from memorm.transfer.jsonl import read_header
+
+    resolve_url(args.url)  # a bad URL is said first,
+    read_header(args.file)  # then a file that is no export: neither creates a database
+    async with open_database(args.url, create=True) as db:
         with progress_bar() as progress:
             report = await import_jsonl(db, args.file, batch_size=args.batch_size, reporter=Bars(progress))
     _summary("imported", report.inserted, report.skipped)
@@ -71,8 +100,8 @@ async def _import(args: argparse.Namespace) -> int:
 
 def _batch_size(text: str) -> int:
     value = int(text)
-    if not 1 <= value <= 20_000:
-        raise argparse.ArgumentTypeError("expected 1 to 20,000 rows")
+    if not 1 <= value <= MAX_BATCH_SIZE:
+        raise argparse.ArgumentTypeError(f"expected 1 to {MAX_BATCH_SIZE:,} rows")
     return value
 
 
@@ -81,7 +110,9 @@ def register(commands: Any) -> None:
         "copy", help="copy every row from one database to another (re-runnable), then verify"
     )
     copy.add_argument("source", metavar="SRC_URL", help="database to read")
-    copy.add_argument("destination", metavar="DST_URL", help="database to write (migrated to head first)")
+    copy.add_argument(
+        "destination", metavar="DST_URL", help="database to write (migrated to head if it is empty)"
+    )
     check = copy.add_mutually_exclusive_group()
     check.add_argument(
         "--verify-only", action="store_true", help="compare counts and checksums; copy nothing"
@@ -93,7 +124,9 @@ def register(commands: Any) -> None:
     export.add_argument("file", metavar="FILE", help="file to write")
     export.set_defaults(handler=_export)
     import_ = commands.add_parser("import", help="load a JSON Lines export (skips rows already there)")
-    import_.add_argument("url", metavar="URL", help="database to write (must be at head)")
+    import_.add_argument(
+        "url", metavar="URL", help="database to write (migrated to head if it is empty; else at head)"
+    )
     import_.add_argument("file", metavar="FILE", help="export to read")
     import_.set_defaults(handler=_import)
     for command in (copy, export, import_):

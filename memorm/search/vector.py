@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
-import numpy as np
 import sqlalchemy as sa
 from pgvector.sqlalchemy import HALFVEC, VECTOR
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -48,6 +47,7 @@ from memorm.models import AGENTS, PASSAGES, ArchivalPassage, EmbeddingModel
 from memorm.types import VectorType
 
 if TYPE_CHECKING:
+    import numpy as np
     from numpy.typing import NDArray
 
 __all__ = [
@@ -278,6 +278,8 @@ class VectorCache:
 
 
 async def _load(session: AsyncSession, agent_id: uuid.UUID, model: EmbeddingModel, version: int) -> _Matrix:
+    import numpy as np  # here, not at the top: `from memorm import Database` need not load it
+
     half = model.precision == "float16"
     column = PASSAGES.c.embedding_half if half else PASSAGES.c.embedding
     raw = sa.type_coerce(column, sa.LargeBinary())  # the stored bytes, undecoded
@@ -306,6 +308,8 @@ async def _load(session: AsyncSession, agent_id: uuid.UUID, model: EmbeddingMode
 
 def _metric(vectors: NDArray[Any], norms: NDArray[Any], query: NDArray[Any], metric: str) -> NDArray[Any]:
     """Each row's distance to ``query``, in the arrays' precision (NaN for a zero-norm cosine)."""
+    import numpy as np
+
     dots = vectors @ query
     if metric == "cosine":
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -328,6 +332,8 @@ def _distances(
     rounding cannot drop a true neighbour); float64 then gives their exact
     distances.
     """
+    import numpy as np
+
     vectors = matrix.vectors if rows is None else matrix.vectors[rows]
     norms = matrix.norms if rows is None else matrix.norms[rows]
     positions = np.arange(len(matrix.ids)) if rows is None else rows
@@ -361,6 +367,8 @@ async def _sqlite_nearest(
     k: int,
     offset: int,
 ) -> list[tuple[uuid.UUID, float]]:
+    import numpy as np
+
     matrix = await cache.matrix(session, agent_id, model)
     rows: NDArray[np.intp] | None = None
     if where:  # filters run in SQL; the matrix is narrowed to the rows that pass

@@ -26,6 +26,7 @@ from memorm.transfer.rows import (
     insert_new,
     read_batches,
 )
+from memorm.transfer.target import prepare_destination
 from memorm.transfer.verify import Digester, TableDigest, compare_digests, digest_database
 
 __all__ = ["CopyReport", "copy_database", "verify_copy"]
@@ -59,9 +60,12 @@ async def copy_database(
 ) -> CopyReport:
     """Copy every agent, embedding model, session, message and passage of ``source`` into ``destination``.
 
-    The destination is migrated to head first; the source must be at head
-    already (``SchemaError`` otherwise).  Rows whose id the destination has
-    are skipped, so the copy can be re-run after an interruption.
+    The source must be at head.  An empty destination (no memorm schema) is
+    migrated to head first; one with a memorm schema must be at head too
+    (``SchemaError`` otherwise, naming ``memorm db upgrade``): see
+    :func:`~memorm.transfer.target.prepare_destination`.  Rows whose id the
+    destination has are skipped, so the copy can be re-run after an
+    interruption.
 
     Args:
         batch_size: rows read and written per statement and transaction.
@@ -71,8 +75,7 @@ async def copy_database(
     """
     report = reporter or Silent()
     await source.check_schema()
-    await destination.upgrade()
-    await destination.check_schema()
+    await prepare_destination(destination)
     result = CopyReport()
     for table in TABLES:
         report.start(table.name, await count_rows(source, table))

@@ -51,9 +51,10 @@ from memorm.transfer.rows import (
     read_batches,
     table_named,
 )
+from memorm.transfer.target import prepare_destination
 from memorm.types.json import dumps
 
-__all__ = ["ImportReport", "check_revision", "export_jsonl", "import_jsonl"]
+__all__ = ["ImportReport", "check_revision", "export_jsonl", "import_jsonl", "read_header"]
 
 
 @dataclass
@@ -133,6 +134,26 @@ def check_revision(revision: object, *, where: str = "the file") -> None:
             f"{where} comes from schema revision {revision!r}, newer than this memorm's head {head}: "
             "upgrade memorm to import it"
         )
+
+
+def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The header of the export at ``path``, checked: a memorm export of a revision this memorm knows.
+
+    Raises:
+        ValidationError: the file's first line is no memorm header.
+        SchemaError: the file comes from a newer memorm's schema.
+        OSError: the file cannot be read.
+    """
+    source = Path(path)
+    try:
+        with closing(_records(source)) as records:
+            header = next(records, (1, "", {}))[2]
+    except ValidationError:
+        header = {}
+    if "memorm" not in header or not isinstance(header.get("tables"), dict):
+        raise ValidationError(f"{source} is not a memorm export (its first line is no memorm header)")
+    check_revision(header.get("revision"), where=str(source))
+    return header
 
 
 def _records(source: Path) -> Generator[tuple[int, str, dict[str, Any]], None, None]:
@@ -235,8 +256,10 @@ async def import_jsonl(
 ) -> ImportReport:
     """Insert the rows of an export at ``path`` into ``db``, skipping ids it already has.
 
-    ``db`` must be at the head revision (``SchemaError`` otherwise; run
-    ``memorm db upgrade`` first), and the file must not come from a newer one.
+    An empty ``db`` (no memorm schema) is migrated to head first; one with a
+    memorm schema must be at head (``SchemaError`` otherwise, naming ``memorm
+    db upgrade``), as for :func:`~memorm.transfer.copy.copy_database`.  The
+    file must not come from a newer revision than this memorm's head.
     The whole file is checked first, each row as the API checks its input and
     against the other rows and ``db`` (see :mod:`memorm.transfer.references`):
     a bad file raises ``ValidationError`` naming the line, and nothing is
@@ -245,15 +268,8 @@ async def import_jsonl(
     """
     report = reporter or Silent()
     source = Path(path)
-    await db.check_schema()
-    try:
-        with closing(_records(source)) as records:
-            header = next(records, (1, "", {}))[2]
-    except ValidationError:
-        header = {}
-    if "memorm" not in header or not isinstance(header.get("tables"), dict):
-        raise ValidationError(f"{source} is not a memorm export (its first line is no memorm header)")
-    check_revision(header.get("revision"), where=str(source))
+    header = read_header(source)  # a file that is no export leaves even an empty ``db`` untouched
+    await prepare_destination(db)
     older = header.get("revision") != head_revision()  # its rows may lack columns added since
     counts = header["tables"]
     report.start("check", sum(n for n in counts.values() if isinstance(n, int) and not isinstance(n, bool)))
