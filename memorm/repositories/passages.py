@@ -25,11 +25,11 @@ from memorm.models import AGENTS, PASSAGES, ArchivalPassage, EmbeddingModel, hyd
 from memorm.repositories.passage_queries import (
     _COLUMNS,
     _ITEM_FIELDS,
-    _PRECISIONS,
     PassageInput,
     PassageQueries,
     _check_half,
     _check_model_name,
+    _check_precision,
 )
 from memorm.search.filters import Filter
 from memorm.search.vector import (
@@ -37,7 +37,16 @@ from memorm.search.vector import (
     ensure_index,
 )
 from memorm.types import utcnow
-from memorm.validation import as_uuid, check_aware, check_json_object, check_text, check_vector
+from memorm.validation import (
+    as_uuid,
+    check_aware,
+    check_flag,
+    check_int,
+    check_json_object,
+    check_list,
+    check_text,
+    check_vector,
+)
 
 __all__ = ["PassageRepository"]
 
@@ -66,10 +75,8 @@ class PassageRepository(PassageQueries):
         """
         key = as_uuid(agent_id, "agent_id")
         model = _check_model_name(name)
-        if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= 16000:
-            raise ValidationError(f"dim: expected an integer from 1 to 16,000, got {dim!r}")
-        if precision not in _PRECISIONS:
-            raise ValidationError(f"precision: {precision!r} is not one of {', '.join(_PRECISIONS)}")
+        check_int(dim, "dim", minimum=1, maximum=16000)
+        _check_precision(precision)
         await self._require_agent(key)
         found = await self._model(key, model, dim, precision=precision, check_dim=False)
         if (found.dim, found.precision) != (dim, precision):
@@ -129,7 +136,8 @@ class PassageRepository(PassageQueries):
         ``meta``, ``id``, ``created_at``) or ``ArchivalPassage`` objects.
         """
         key = as_uuid(agent_id, "agent_id")
-        checked = [self._check_item(item, index) for index, item in enumerate(items)]
+        given = check_list(items, "items", "passages (dicts or ArchivalPassage objects)")
+        checked = [self._check_item(item, index) for index, item in enumerate(given)]
         # Every check before any write: a rejected batch registers no model and
         # bumps no version, even if the caller carries on with the unit of work.
         shapes: dict[str, int] = {}
@@ -190,8 +198,6 @@ class PassageRepository(PassageQueries):
             )
         created_at = given.get("created_at")
         if created_at is not None:
-            from memorm.validation import check_aware
-
             check_aware(created_at, f"{where}.created_at")
         passage_id = given.get("id")
         return _check_model_name(given.get("embedding_model", "default")), {
@@ -252,7 +258,7 @@ class PassageRepository(PassageQueries):
     async def delete_many(self, agent_id: uuid.UUID | str, ids: Iterable[uuid.UUID | str]) -> int:
         """Delete these passages of the agent (others' and unknown ids are ignored); returns how many."""
         key = as_uuid(agent_id, "agent_id")
-        wanted = [as_uuid(passage_id, "ids[]") for passage_id in ids]
+        wanted = [as_uuid(passage_id, "ids[]") for passage_id in check_list(ids, "ids", "passage ids")]
         await self._require_agent(key)
         mine = sa.and_(PASSAGES.c.agent_id == key, PASSAGES.c.id.in_(wanted))
         if not wanted or await self._scalar(sa.select(PASSAGES.c.id).where(mine).limit(1)) is None:
@@ -272,6 +278,7 @@ class PassageRepository(PassageQueries):
         """
         key = as_uuid(agent_id, "agent_id")
         instant = check_aware(cutoff, "cutoff")
+        check_flag(dry_run, "dry_run")
         await self._require_agent(key)
         if dry_run:
             return int(await self._scalar(sa.select(sa.func.count()).where(_old(key, instant))))
@@ -327,10 +334,11 @@ class PassageRepository(PassageQueries):
         for a live table, use the migration pattern in the docs
         (``CREATE INDEX CONCURRENTLY``).
         """
-        if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= 16000:
-            raise ValidationError(f"dim: expected an integer from 1 to 16,000, got {dim!r}")
-        if precision not in _PRECISIONS:
-            raise ValidationError(f"precision: {precision!r} is not one of {', '.join(_PRECISIONS)}")
+        check_int(dim, "dim", minimum=1, maximum=16000)
+        _check_precision(precision)
+        # pgvector's own bounds; the values are written into the DDL, so they must be plain ints.
+        check_int(m, "m", minimum=2, maximum=100)
+        check_int(ef_construction, "ef_construction", minimum=max(4, 2 * m), maximum=1000)
         shape = EmbeddingModel(name=_check_model_name(embedding_model), dim=dim, precision=precision)
         async with self._guard():
             return await ensure_index(
