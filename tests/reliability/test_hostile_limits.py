@@ -25,6 +25,7 @@ from memorm.validation import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, MAX_CO
 from reliability.hostile_kit import (
     Sweep,
     base_rows,
+    record,
     report_counts,
 )
 
@@ -275,6 +276,8 @@ async def test_created_at_is_stored_and_read_back_or_refused(
     async with db.unit_of_work() as uow:
         [stored] = await uow.messages.append(base["session"], message)
         [passage] = await uow.passages.add_many(base["agent"], [item])
+    record(engine, "limit:created_at", "ok")
+    record(engine, "limit:created_at", "ok")
     # Stored as the same instant, read back in UTC; the session's reads all still work.
     async with db.unit_of_work() as uow:
         window = await uow.messages.window(base["session"], limit=1000)
