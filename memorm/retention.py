@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from memorm.errors import NotFoundError, ValidationError
 from memorm.progress import Reporter, Silent
 from memorm.types import utcnow
-from memorm.validation import check_aware
+from memorm.validation import check_aware, check_flag
 
 if TYPE_CHECKING:
     from memorm.db import Database
@@ -103,6 +103,7 @@ async def purge_expired(
     """
     instant = utcnow() if now is None else check_aware(now, "now")
     size = check_batch(batch)
+    check_flag(dry_run, "dry_run")
     async with db.unit_of_work(read_only=True) as uow:
         expected = await uow.sessions.purge_expired(now=instant, dry_run=True)
     if dry_run:
@@ -137,6 +138,7 @@ async def purge_older_than(
     instant = check_aware(cutoff, "cutoff")
     size = check_batch(batch)
     expired_at = None if after_expired is None else check_aware(after_expired, "after_expired")
+    check_flag(dry_run, "dry_run")
     owners = await _agents(db, agent)
     expected = Removed()
     async with db.unit_of_work(read_only=True) as uow:
@@ -180,6 +182,8 @@ async def forget(
     files still hold of the deleted rows (``reindex=True``: the words in
     Postgres' full-text index too).
     """
+    for flag, field in ((dry_run, "dry_run"), (scrub, "scrub"), (reindex, "reindex")):
+        check_flag(flag, field)
     async with db.unit_of_work(read_only=True) as uow:
         expected = await uow.agents.forget(where, dry_run=True)
     if dry_run:

@@ -1,38 +1,113 @@
 """Input checks, run before anything is written.
 
-Every public write goes through these, so bad input raises
-:class:`memorm.errors.ValidationError` with a message that names the field,
-and the database is never touched.  Both engines get the same rules, even where
-one of them would have accepted the value (SQLite stores NUL bytes and NaN;
-Postgres refuses them in text and jsonb).
+Every public call goes through these before its first statement, so bad input
+raises :class:`memorm.errors.ValidationError` with a message that names the
+field, and the database is never touched.  Both engines get the same rules,
+even where one of them would have accepted the value (SQLite stores NUL bytes,
+NaN and 64-bit integers in 32-bit columns; Postgres refuses them).
+
+The limits (documented in ``docs/concepts.md``, "Limits"):
+
+* integers stored in or compared with 32-bit columns (``token_count``,
+  ``max_tokens``, ``expected_version``): :data:`INT32_MIN` to :data:`INT32_MAX`;
+* counts and offsets (``offset``, ``keep_last``): 0 to :data:`MAX_COUNT`,
+  which leaves room for ``offset + limit`` in a 64-bit SQL integer;
+* seq cursors (``before_seq``, ``after_seq``, ``delete_after``'s ``seq``): any
+  64-bit integer; a seq is 32-bit, so a cursor past either end selects all or nothing;
+* timestamps, given or computed (``created_at + ttl``): :data:`MIN_TIME` to
+  :data:`MAX_TIME`, a day inside Python's ``datetime`` range, so any accepted
+  instant converts to any time zone, and Postgres never stores ±infinity;
+* vectors: 1 to 16,000 finite numbers within float32;
+* names in unique indexes (agent names, session keys, embedding model names):
+  at most :data:`MAX_NAME` characters, which fit a Postgres index entry.
 """
 
 from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta, timezone
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import date, datetime, time, timedelta, timezone
 from typing import Any
 
 from memorm.errors import ValidationError
 
 __all__ = [
+    "INT32_MAX",
+    "INT32_MIN",
+    "INT64_MAX",
+    "INT64_MIN",
+    "MAX_COUNT",
+    "MAX_DATE",
     "MAX_JSON_DEPTH",
+    "MAX_NAME",
+    "MAX_TIME",
+    "MIN_DATE",
+    "MIN_TIME",
+    "as_instant",
     "as_uuid",
     "check_aware",
     "check_duration",
+    "check_flag",
+    "check_int",
     "check_json",
     "check_json_object",
     "check_limit",
+    "check_list",
+    "check_name",
     "check_text",
     "check_vector",
+    "later",
+    "shown",
 ]
 
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1  # Postgres integer: seq, token_count, version
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # Postgres bigint, SQLite's integers
+MAX_COUNT = 2**62  # offsets and counts: offset + limit (+ a margin) stays within 64 bits
+MIN_DATE, MAX_DATE = date(1, 1, 2), date(9999, 12, 30)
+MIN_TIME = datetime.combine(MIN_DATE, time.min, tzinfo=timezone.utc)
+MAX_TIME = datetime.combine(MAX_DATE, time.max, tzinfo=timezone.utc)
 MAX_JSON_DEPTH = 64
 MAX_PAGE = 1000
+MAX_NAME = 512  # characters: 4 bytes each in UTF-8 still fit a Postgres btree entry (~2,700 bytes)
+MAX_DIMENSIONS = 16000
 _FLOAT_ONLY = {float}
 FLOAT32_MAX = 3.4028234663852886e38  # vectors are stored as float32 (pgvector's too)
+_HUGE = 10**40  # integers shown by their size in messages (repr of 10**5000 raises)
+
+
+def shown(value: object, width: int = 80) -> str:
+    """A short ``repr`` of ``value`` for an error message; never raises."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _HUGE:
+        return f"an integer of {value.bit_length()} bits"
+    try:
+        text = repr(value)
+    except Exception:  # a hostile __repr__, or an int past Python's digit limit
+        text = f"a {type(value).__name__}"
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def check_int(value: object, field: str, *, minimum: int = INT32_MIN, maximum: int = INT32_MAX) -> int:
+    """An ``int`` (not a bool) from ``minimum`` to ``maximum``; 32-bit by default."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise ValidationError(
+            f"{field}: expected an integer from {minimum:,} to {maximum:,}, got {shown(value)}"
+        )
+    return value
+
+
+def check_flag(value: object, field: str) -> bool:
+    """A ``bool``: ``if array:`` would raise for a numpy array, and ``"no"`` would mean yes."""
+    if not isinstance(value, bool):
+        raise ValidationError(f"{field}: expected True or False, got {type(value).__name__}")
+    return value
+
+
+def check_list(value: object, field: str, what: str) -> list[Any]:
+    """The items of a list, tuple or other iterable (not a string, bytes or a dict)."""
+    if isinstance(value, (str, bytes, bytearray, Mapping)) or not isinstance(value, Iterable):
+        raise ValidationError(f"{field}: expected a list of {what}, got {type(value).__name__}")
+    return list(value)
 
 
 def as_uuid(value: object, field: str = "id") -> uuid.UUID:
@@ -44,7 +119,7 @@ def as_uuid(value: object, field: str = "id") -> uuid.UUID:
             return uuid.UUID(value)
         except ValueError:
             pass
-    raise ValidationError(f"{field}: expected a UUID, got {value!r:.80}")
+    raise ValidationError(f"{field}: expected a UUID, got {shown(value)}")
 
 
 def check_text(value: object, field: str, *, optional: bool = False) -> str | None:
@@ -64,6 +139,18 @@ def check_text(value: object, field: str, *, optional: bool = False) -> str | No
     return value
 
 
+def check_name(value: object, field: str, *, blank: bool = False) -> str:
+    """A name in a unique index: non-blank (with ``blank``, non-empty), at most 512 characters."""
+    checked = check_text(value, field) or ""
+    if not (checked if blank else checked.strip()):
+        raise ValidationError(f"{field}: must not be {'empty' if blank else 'blank'}")
+    if len(checked) > MAX_NAME:
+        raise ValidationError(
+            f"{field}: {len(checked):,} characters, more than the {MAX_NAME} a name may have"
+        )
+    return checked
+
+
 def check_json(value: object, field: str, *, _depth: int = 0) -> None:
     """A JSON value: dicts with string keys, lists, strings, finite numbers, bools, None."""
     if _depth > MAX_JSON_DEPTH:
@@ -74,15 +161,15 @@ def check_json(value: object, field: str, *, _depth: int = 0) -> None:
         check_text(value, field)
     elif isinstance(value, int):
         # jsonb numbers are numerics, but JSON readers commonly choke past 2**63.
-        if not -(2**63) <= value < 2**63:
-            raise ValidationError(f"{field}: integer {value:.3g} does not fit in 64 bits")
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise ValidationError(f"{field}: {shown(value, 40)} does not fit in 64 bits")
     elif isinstance(value, float):
         if not math.isfinite(value):
             raise ValidationError(f"{field}: {value} is not a JSON number")
     elif isinstance(value, Mapping):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise ValidationError(f"{field}: keys must be strings, got {key!r:.40}")
+                raise ValidationError(f"{field}: keys must be strings, got {shown(key, 40)}")
             check_text(key, f"{field} key")
             check_json(item, f"{field}.{key}", _depth=_depth + 1)
     elif isinstance(value, (list, tuple)):
@@ -103,14 +190,52 @@ def check_json_object(value: object, field: str) -> dict[str, Any]:
 
 
 def check_aware(value: object, field: str) -> datetime:
-    """A timezone-aware datetime."""
+    """A timezone-aware datetime from :data:`MIN_TIME` to :data:`MAX_TIME` (compared in UTC)."""
     if not isinstance(value, datetime):
         raise ValidationError(f"{field}: expected a datetime, got {type(value).__name__}")
-    if value.tzinfo is timezone.utc:
-        return value
-    if value.tzinfo is None or value.utcoffset() is None:
+    try:
+        naive = value.tzinfo is not timezone.utc and value.utcoffset() is None
+        # Aware comparisons never overflow, even where converting to UTC would.
+        inside = naive or MIN_TIME <= value <= MAX_TIME
+    except (ValueError, TypeError, OverflowError) as error:  # a tzinfo returning nonsense
+        raise ValidationError(f"{field}: its tzinfo gives no usable UTC offset ({error})") from None
+    if naive:
         raise ValidationError(f"{field}: naive datetime {value!r}; give it a timezone")
+    if not inside:
+        raise ValidationError(f"{field}: {value.isoformat()} is outside {_RANGE}")
     return value
+
+
+_RANGE = f"the range memorm stores, {MIN_DATE} 00:00 to {MAX_DATE} 23:59:59.999999 UTC"
+
+
+def later(instant: datetime, span: timedelta, field: str) -> datetime:
+    """``instant + span``, a checked instant plus a checked span; it must stay in range too."""
+    try:
+        result = instant + span
+    except OverflowError:
+        result = None
+    if result is None or not MIN_TIME <= result <= MAX_TIME:
+        raise ValidationError(f"{field}: {instant.isoformat()} + {span} is outside {_RANGE}")
+    return result
+
+
+def as_instant(value: object, field: str, *, end: bool) -> tuple[datetime, bool]:
+    """A datetime bound, and whether it is inclusive.  A date ``end`` covers that whole day (UTC).
+
+    Dates are held to the timestamp range too: :data:`MIN_DATE` to :data:`MAX_DATE`.
+    """
+    if isinstance(value, datetime):
+        return check_aware(value, field), True
+    if isinstance(value, date):
+        if not MIN_DATE <= value <= MAX_DATE:
+            raise ValidationError(f"{field}: {value.isoformat()} is outside {_RANGE}")
+        start = datetime.combine(value, time.min, tzinfo=timezone.utc)
+        if not end:
+            return start, True
+        # The next midnight, exclusive; past the last day, the last instant, inclusive.
+        return (MAX_TIME, True) if value == MAX_DATE else (start + timedelta(days=1), False)
+    raise ValidationError(f"{field}: expected a datetime or a date, got {type(value).__name__}")
 
 
 MAX_DURATION = timedelta(days=365 * 1000)
@@ -121,8 +246,9 @@ def check_duration(value: object, field: str) -> timedelta:
     if isinstance(value, timedelta):
         span = value
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not math.isfinite(value) or not 0 < value <= MAX_DURATION.total_seconds():
-            raise ValidationError(f"{field}: expected a positive number of seconds, got {value!r}")
+        # Compared before any conversion: math.isfinite(10**400) would overflow.
+        if not 0 < value <= MAX_DURATION.total_seconds():  # also false for NaN
+            raise ValidationError(f"{field}: expected a positive number of seconds, got {shown(value)}")
         span = timedelta(seconds=value)
     else:
         raise ValidationError(f"{field}: expected a timedelta or seconds, got {type(value).__name__}")
@@ -132,29 +258,28 @@ def check_duration(value: object, field: str) -> timedelta:
 
 
 def check_limit(limit: object, offset: object = 0, *, maximum: int = MAX_PAGE) -> None:
-    """A page size in 1..maximum and a non-negative offset."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= maximum:
-        raise ValidationError(f"limit: expected an integer from 1 to {maximum}, got {limit!r}")
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise ValidationError(f"offset: expected a non-negative integer, got {offset!r}")
+    """A page size in 1..maximum and an offset in 0..:data:`MAX_COUNT`."""
+    check_int(limit, "limit", minimum=1, maximum=maximum)
+    check_int(offset, "offset", minimum=0, maximum=MAX_COUNT)
 
 
 def check_vector(value: object, field: str = "embedding") -> list[float]:
-    """A non-empty sequence of finite numbers, as a list of floats."""
-    # The common case, cheaply (~7x faster): a list of floats in range; NaN and
-    # infinity make the sum non-finite and fall through to the checks below.
+    """A sequence of 1 to 16,000 finite numbers within float32, as a list of floats."""
+    # The common case, cheaply: a list of floats in range.  NaN and infinity
+    # make the plain sum non-finite (fsum would raise instead), and so do
+    # finite values whose sum overflows; all of them fall through to the checks below.
     if (
         type(value) is list
-        and 0 < len(value) <= 16000
+        and 0 < len(value) <= MAX_DIMENSIONS
         and set(map(type, value)) == _FLOAT_ONLY  # in C, unlike a generator over the items
-        and math.isfinite(math.fsum(value))
+        and math.isfinite(sum(value))
         and min(value) >= -FLOAT32_MAX
         and max(value) <= FLOAT32_MAX
     ):
         return list(value)
     items: list[Any]
-    if hasattr(value, "tolist"):  # numpy arrays
-        items = value.tolist()
+    if callable(getattr(value, "tolist", None)):  # numpy arrays
+        items = value.tolist()  # type: ignore[attr-defined]
         if not isinstance(items, list):
             raise ValidationError(f"{field}: expected a one-dimensional vector")
     elif isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
@@ -163,12 +288,12 @@ def check_vector(value: object, field: str = "embedding") -> list[float]:
         raise ValidationError(f"{field}: expected a sequence of floats")
     if not items:
         raise ValidationError(f"{field}: empty vector")
-    if len(items) > 16000:
+    if len(items) > MAX_DIMENSIONS:
         raise ValidationError(f"{field}: {len(items)} dimensions is more than 16,000")
     try:
         floats = [float(x) for x in items if not isinstance(x, (bool, str, bytes))]
-    except (TypeError, ValueError):
-        raise ValidationError(f"{field}: values must be numbers") from None
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int past float's range
+        raise ValidationError(f"{field}: values must be numbers within float32") from None
     if len(floats) != len(items):
         raise ValidationError(f"{field}: values must be numbers")
     if not all(-FLOAT32_MAX <= x <= FLOAT32_MAX for x in floats):  # also false for NaN

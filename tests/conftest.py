@@ -5,6 +5,11 @@ Every test that takes ``db`` runs twice: on a fresh SQLite file (mark
 ``MEMORM_TEST_POSTGRES_URL``.  Postgres tests skip when the server is
 unreachable, unless ``MEMORM_REQUIRE_POSTGRES=1`` (set by ``.ci/run``), which
 turns any skipped Postgres test into a failed run.
+
+Property-based tests take their example counts from a hypothesis profile,
+chosen by ``HYPOTHESIS_PROFILE``: ``dev`` (the default, quick) or ``ci``
+(``.ci/run``: 200 examples per property).  Tests set no ``max_examples`` of
+their own, so the profile applies to all of them.
 """
 
 from __future__ import annotations
@@ -20,12 +25,23 @@ from typing import Any
 
 import asyncpg
 import pytest
+from hypothesis import HealthCheck, settings
 from sqlalchemy.engine import make_url
 
 from memorm import Database
 
 POSTGRES_URL = os.environ.get("MEMORM_TEST_POSTGRES_URL", "postgresql+asyncpg://root@127.0.0.1:5432/test")
 REQUIRE_POSTGRES = os.environ.get("MEMORM_REQUIRE_POSTGRES") == "1"
+# Examples share the test's database (a function-scoped fixture) on purpose; each
+# one runs real statements on both engines, so no per-example deadline.
+_PROPERTIES: dict[str, Any] = {
+    "deadline": None,
+    "suppress_health_check": [HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+}
+settings.register_profile("dev", max_examples=30, **_PROPERTIES)
+settings.register_profile("ci", max_examples=200, print_blob=True, **_PROPERTIES)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
 ENGINES = [
     pytest.param("sqlite", marks=pytest.mark.sqlite),
     pytest.param("postgres", marks=pytest.mark.postgres),

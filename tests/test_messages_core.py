@@ -8,7 +8,7 @@ from typing import Any
 import anyio
 import pytest
 from conftest import count_rows
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from memorm import ConflictError, Database, Message, NotFoundError, Session, ValidationError
@@ -204,7 +204,6 @@ _text = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x
 _batches = st.lists(st.lists(st.tuples(_roles, _text), min_size=0, max_size=4), min_size=1, max_size=5)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches=_batches, limit=st.integers(1, 8), before=st.none() | st.integers(0, 25))
 async def test_random_appends_match_a_list_model(
     db: Database, batches: list[list[tuple[str, str]]], limit: int, before: int | None

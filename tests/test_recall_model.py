@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from memorm import Database
@@ -114,7 +114,6 @@ def as_dicts(model: Model, items: list[tuple[str, Any]]) -> list[dict[str, Any]]
     return out
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(operations=st.lists(OPERATION, min_size=1, max_size=12))
 async def test_random_edits_match_a_list_model(db: Database, operations: list[tuple[str, Any]]) -> None:
     async with db.unit_of_work() as uow:

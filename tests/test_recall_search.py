@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from fts_oracle import oracle_matches, oracle_words
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from memorm import Database, Message, NotFoundError, Page, ValidationError
@@ -236,7 +236,6 @@ async def test_search_finds_words_inside_emails_hosts_numbers_and_paths(db: Data
         assert (await search_all(db, agent, query)).total == 1, query
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(query=st.text(max_size=200))
 async def test_arbitrary_text_never_breaks_search(db: Database, query: str) -> None:
     async with db.unit_of_work() as uow:
@@ -261,7 +260,6 @@ async def test_arbitrary_text_never_breaks_search(db: Database, query: str) -> N
 NOISE = ['"', "AND", "OR", "NOT", "NEAR", "*", ":", "^", "(", ")", "'", "-", "+", ";", "--", "{", "}"]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(parts=st.lists(st.sampled_from(VOCAB[:4] + NOISE), max_size=8), glue=st.sampled_from([" ", "", "\t"]))
 async def test_vocabulary_queries_wrapped_in_operators_count_exactly(
     db: Database, parts: list[str], glue: str

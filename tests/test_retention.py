@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from conftest import count_rows
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from memorm import Agent, Database, NotFoundError, ValidationError
@@ -497,7 +497,6 @@ _step = st.one_of(
 _timeline = st.lists(st.tuples(_step, st.integers(0, 2), st.integers(0, 2)), max_size=6)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     sessions=st.lists(_timeline, min_size=1, max_size=3),
     cutoff=st.integers(0, 16),

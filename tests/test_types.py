@@ -220,6 +220,31 @@ async def test_naive_or_non_datetime_created_at_raises_validation_error(
     assert await count_rows(db, "messages") == 0
 
 
+@pytest.mark.parametrize(
+    "instant",
+    [
+        datetime.max.replace(tzinfo=timezone.utc),  # asyncpg would send infinity
+        datetime.min.replace(tzinfo=timezone.utc),  # ... and -infinity
+        datetime(9999, 12, 31, 23, tzinfo=timezone(timedelta(hours=-5))),  # past datetime's range in UTC
+    ],
+    ids=["max", "min", "west-of-the-last-day"],
+)
+async def test_the_column_type_refuses_instants_outside_the_range_even_past_the_repositories(
+    db: Database, instant: datetime
+) -> None:
+    # Raw ORM writes (and imports) skip the repositories' checks; the column type still refuses.
+    chat = await _seed(db)
+
+    async def write() -> None:
+        async with db.unit_of_work() as uow:
+            (await uow.sessions.get(chat.id)).expires_at = instant  # flushed by the commit on exit
+
+    with pytest.raises(ValidationError, match="outside the range"):
+        await write()
+    async with db.unit_of_work(read_only=True) as uow:
+        assert (await uow.sessions.get(chat.id)).expires_at is None
+
+
 def test_uuid7_ids_strictly_increase_in_creation_order() -> None:
     ids = [uuid7() for _ in range(10_000)]
     assert all(a < b for a, b in itertools.pairwise(ids))

@@ -24,7 +24,8 @@ from memorm.db import Database
 from memorm.embeddings import Embedder
 from memorm.errors import ValidationError
 from memorm.models import ArchivalPassage, Message
-from memorm.repositories.message_input import MessageInput
+from memorm.repositories.message_input import MessageInput, check_batch
+from memorm.validation import MAX_COUNT, check_int, check_json_object, check_list, check_text
 
 __all__ = ["ArchivalMemory", "PersistenceManager", "RecallMemory", "chunk_text", "from_openai"]
 
@@ -66,10 +67,22 @@ def from_openai(message: MessageInput) -> MessageInput:
     if known.get("content") is None:  # assistant messages that only call tools
         known["content"] = ""
     extra = {key: value for key, value in message.items() if key not in _OPENAI_FIELDS}
-    meta = dict(extra.pop("meta", None) or {})
+    meta = check_json_object(extra.pop("meta", None), "meta")
     if extra:
         meta["openai"] = extra
     return {**known, "meta": meta} if meta else known
+
+
+def _openai_messages(messages: object) -> list[MessageInput]:
+    return [from_openai(m) for m in check_list(messages, "messages", "messages (dicts or Message objects)")]
+
+
+async def _embed(embedder: Embedder, texts: list[str]) -> list[list[float]]:
+    """One vector per text (the vectors themselves are checked where they are stored)."""
+    vectors = check_list(await embedder.embed(texts), "embedder", "vectors")
+    if len(vectors) != len(texts):
+        raise ValidationError(f"embedder: {len(vectors)} vectors for {len(texts)} texts")
+    return vectors
 
 
 def _page(count: int | None, start: int | None) -> tuple[int, int]:
@@ -120,16 +133,17 @@ class ArchivalMemory:
 
     async def insert(self, text: str, *, meta: Mapping[str, Any] | None = None) -> list[uuid.UUID]:
         """Store ``text`` (chunked if long); returns the new passages' ids."""
-        chunks = chunk_text(text)
+        chunks = chunk_text(check_text(text, "text") or "")
+        tags = check_json_object(meta, "meta")
         vectors: list[list[float]] = []
         for first in range(0, len(chunks), EMBED_BATCH):
-            vectors += await self.embedder.embed(chunks[first : first + EMBED_BATCH])
+            vectors += await _embed(self.embedder, chunks[first : first + EMBED_BATCH])
         items = [
             {
                 "text": chunk,
                 "embedding": vector,
                 "embedding_model": self.embedder.model,
-                "meta": dict(meta or {}),
+                "meta": dict(tags),
             }
             for chunk, vector in zip(chunks, vectors, strict=True)
         ]
@@ -142,7 +156,7 @@ class ArchivalMemory:
     ) -> tuple[list[dict[str, Any]], int]:
         """Passages most similar to ``query``: one page of results, and the number of passages ranked."""
         limit, offset = _page(count, start)
-        [vector] = await self.embedder.embed([query])
+        [vector] = await _embed(self.embedder, [check_text(query, "query") or ""])
         async with self.db.unit_of_work(read_only=True) as uow:
             hits = await uow.passages.search(
                 self.agent_id, vector, k=limit, offset=offset, embedding_model=self.embedder.model
@@ -210,10 +224,13 @@ class PersistenceManager:
         Initial messages are stored only into an empty session, so calling
         ``init`` again on restart does not duplicate them.
         """
+        if not isinstance(agent_state, Mapping):
+            raise ValidationError(f"agent_state: expected a dict, got {type(agent_state).__name__}")
+        messages = _openai_messages(agent_state.get("messages") or ())
+        check_batch(messages)  # checked even when the session has messages and they are not stored
         async with self.db.unit_of_work() as uow:
             if agent_state.get("core_memory") is not None:
                 await uow.agents.update(self.agent_id, core_memory=agent_state["core_memory"])
-            messages = [from_openai(m) for m in agent_state.get("messages") or ()]
             if messages and await uow.messages.count(self.session_id) == 0:
                 await uow.messages.append(self.session_id, messages)
             if agent_state.get("system") is not None:
@@ -225,8 +242,7 @@ class PersistenceManager:
         Returns how many were dropped (more than ``num`` when the cut would
         otherwise orphan tool answers).
         """
-        if isinstance(num, bool) or not isinstance(num, int) or num < 0:
-            raise ValidationError(f"num: expected a non-negative integer, got {num!r}")
+        check_int(num, "num", minimum=0, maximum=MAX_COUNT)
         async with self.db.unit_of_work() as uow:
             total = await uow.messages.count(self.session_id)
             head = await uow.messages.window(self.session_id, limit=1, after_seq=-(2**31))
@@ -235,13 +251,15 @@ class PersistenceManager:
 
     async def prepend_to_messages(self, messages: Sequence[MessageInput]) -> list[Message]:
         """Insert messages right after the system message."""
+        rows = _openai_messages(messages)
         async with self.db.unit_of_work() as uow:
-            return await uow.messages.prepend(self.session_id, [from_openai(m) for m in messages])
+            return await uow.messages.prepend(self.session_id, rows)
 
     async def append_to_messages(self, messages: Sequence[MessageInput]) -> list[Message]:
         """Append messages to the session."""
+        rows = _openai_messages(messages)
         async with self.db.unit_of_work() as uow:
-            return await uow.messages.append(self.session_id, [from_openai(m) for m in messages])
+            return await uow.messages.append(self.session_id, rows)
 
     async def swap_system_message(self, message: MessageInput | str) -> Message:
         """Replace the system message (a string, a ``Message`` or a dict with ``content``)."""
@@ -249,8 +267,12 @@ class PersistenceManager:
             content = message
         elif isinstance(message, Message):
             content = message.content
-        else:
+        elif isinstance(message, Mapping):
             content = message.get("content") or ""
+        else:
+            raise ValidationError(
+                f"message: expected a string, Message or dict, got {type(message).__name__}"
+            )
         async with self.db.unit_of_work() as uow:
             return await uow.messages.replace_system(self.session_id, content)
 

@@ -48,7 +48,7 @@ from memorm.db import Database
 from memorm.errors import NotFoundError, ValidationError
 from memorm.models import Agent, Message
 from memorm.uow import UnitOfWork
-from memorm.validation import as_uuid, check_duration
+from memorm.validation import INT64_MAX, INT64_MIN, as_uuid, check_duration, check_int, check_list
 
 if TYPE_CHECKING:
     from agents.memory import Session
@@ -191,6 +191,8 @@ class MemormSession:
         Only the messages asked for are read, in pages.
         """
         wanted = resolve_session_limit(limit, self.session_settings)
+        if wanted is not None:
+            check_int(wanted, "limit", minimum=INT64_MIN, maximum=INT64_MAX)
         if wanted == 0:
             return []
         async with self.db.unit_of_work(read_only=True) as uow:
@@ -203,9 +205,9 @@ class MemormSession:
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Append ``items`` in one unit of work (all or none are stored)."""
-        if not items:
+        messages = [item_to_message(item) for item in check_list(items, "items", "input items")]
+        if not messages:
             return
-        messages = [item_to_message(item) for item in items]
         async with self.db.unit_of_work() as uow:
             chat = await uow.sessions.get_or_create(self.agent_id, self.session_id)
             await uow.messages.append(chat.id, messages)

@@ -19,18 +19,19 @@ from memorm.search.filters import Filter, filter_conditions
 from memorm.search.fts_ddl import MESSAGES_FTS, PASSAGES_FTS
 from memorm.search.text import merge_deleted
 from memorm.types import utcnow
-from memorm.validation import as_uuid, check_duration, check_json_object, check_text
+from memorm.validation import (
+    as_uuid,
+    check_duration,
+    check_flag,
+    check_int,
+    check_json_object,
+    check_name,
+    check_text,
+)
 
 __all__ = ["AgentRepository"]
 
 _UPDATABLE = ("name", "system", "core_memory", "llm_config", "meta", "retention")
-
-
-def _check_name(name: object) -> str:
-    checked = check_text(name, "name")
-    if not checked or not checked.strip():
-        raise ValidationError("name: an agent needs a non-blank name")
-    return checked
 
 
 def _check_core_memory(value: object) -> dict[str, str]:
@@ -47,7 +48,7 @@ def _check_changes(changes: Mapping[str, Any]) -> dict[str, Any]:
     checked: dict[str, Any] = {}
     for key, value in changes.items():
         if key == "name":
-            checked[key] = _check_name(value)
+            checked[key] = check_name(value, "name")
         elif key == "system":
             checked[key] = check_text(value, "system")
         elif key == "core_memory":
@@ -70,11 +71,8 @@ def _check_retention(value: object) -> int | None:
 
 
 def _check_version(expected_version: object) -> int | None:
-    if expected_version is None:
-        return None
-    if isinstance(expected_version, bool) or not isinstance(expected_version, int):
-        raise ValidationError(f"expected_version: expected an integer, got {expected_version!r}")
-    return expected_version
+    # ``version`` is a 32-bit column: a larger number could only fail in the database.
+    return None if expected_version is None else check_int(expected_version, "expected_version")
 
 
 class AgentRepository(Repository):
@@ -96,7 +94,7 @@ class AgentRepository(Repository):
         agent's new sessions live unless created with their own ``ttl``.
         """
         agent = Agent(
-            name=_check_name(name),
+            name=check_name(name, "name"),
             system=check_text(system, "system"),
             core_memory=_check_core_memory(core_memory),
             llm_config=check_json_object(llm_config, "llm_config"),
@@ -219,6 +217,7 @@ class AgentRepository(Repository):
         clear what the files still hold (Postgres dead rows, the SQLite WAL),
         run :meth:`memorm.Database.scrub` after it.
         """
+        check_flag(dry_run, "dry_run")
         if not isinstance(where, Mapping) or not any(key != "created_at" for key in where):
             raise ValidationError("where: forget needs at least one meta key, such as {'user_id': 'u42'}")
         agents = sa.select(AGENTS.c.id).where(*await filter_conditions(self.session, AGENTS, where))

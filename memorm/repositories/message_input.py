@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from datetime import date, datetime, time, timedelta, timezone
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from memorm.errors import ValidationError
 from memorm.ids import uuid7
 from memorm.models import ROLES, Message
-from memorm.validation import as_uuid, check_aware, check_json, check_json_object, check_text
+from memorm.tokens import TokenCounter
+from memorm.validation import (
+    INT32_MAX,
+    as_uuid,
+    check_aware,
+    check_int,
+    check_json,
+    check_json_object,
+    check_list,
+    check_text,
+    shown,
+)
 
-__all__ = ["MessageInput", "as_instant", "check_batch", "check_int", "check_message", "check_roles"]
+__all__ = ["MessageInput", "check_batch", "check_message", "check_roles", "count_tokens"]
 
 # What a caller may give for a message; the rest is assigned by the repository.
 _GIVEN = frozenset(
@@ -37,23 +47,23 @@ def check_message(item: object, index: int) -> dict[str, Any]:
     else:
         raise ValidationError(f"{where}: expected a Message or a dict, got {type(item).__name__}")
     role = given.get("role")
-    if role not in _ROLES:
-        raise ValidationError(f"{where}.role: {role!r} is not one of {', '.join(ROLES)}")
+    if not isinstance(role, str) or role not in _ROLES:  # a list would not even hash
+        raise ValidationError(f"{where}.role: {shown(role)} is not one of {', '.join(ROLES)}")
     tool_calls = given.get("tool_calls")
     if tool_calls is not None:
         if not isinstance(tool_calls, list) or not all(isinstance(call, Mapping) for call in tool_calls):
             raise ValidationError(f"{where}.tool_calls: expected a list of dicts")
         check_json(tool_calls, f"{where}.tool_calls")
     tokens = given.get("token_count")
-    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0):
-        raise ValidationError(f"{where}.token_count: expected a non-negative integer")
+    if tokens is not None:
+        check_int(tokens, f"{where}.token_count", minimum=0, maximum=INT32_MAX)
     message_id = given.get("id")
     created_at = given.get("created_at")
     meta = given.get("meta")
     return {
         "id": uuid7() if message_id is None else as_uuid(message_id, f"{where}.id"),
         "created_at": None if created_at is None else check_aware(created_at, f"{where}.created_at"),
-        "meta": {} if not meta else check_json_object(meta, f"{where}.meta"),
+        "meta": {} if meta is None else check_json_object(meta, f"{where}.meta"),
         "role": role,
         "content": check_text(given.get("content", ""), f"{where}.content"),
         "name": check_text(given.get("name"), f"{where}.name", optional=True),
@@ -66,36 +76,32 @@ def check_message(item: object, index: int) -> dict[str, Any]:
 def check_batch(
     messages: MessageInput | Sequence[MessageInput],
 ) -> tuple[list[MessageInput], list[dict[str, Any]]]:
-    batch = [messages] if isinstance(messages, (Message, Mapping)) else list(messages)
+    """The messages given (one, or a list) and their checked column values."""
+    if isinstance(messages, (Message, Mapping)):
+        batch: list[MessageInput] = [messages]
+    else:
+        batch = check_list(messages, "messages", "messages (Message objects or dicts)")
     return batch, [check_message(item, index) for index, item in enumerate(batch)]
 
 
-def check_int(value: object, field: str, *, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
-        bound = "" if minimum is None else f" >= {minimum}"
-        raise ValidationError(f"{field}: expected an integer{bound}, got {value!r}")
-    return value
+def count_tokens(counter: TokenCounter, rows: list[dict[str, Any]]) -> None:
+    """Fill in the ``token_count`` of checked rows that have none, before anything is written."""
+    for index, row in enumerate(rows):
+        if row["token_count"] is None:
+            tokens = counter(row)
+            if type(tokens) is not int or not 0 <= tokens <= INT32_MAX:  # the message only on failure
+                check_int(tokens, f"messages[{index}].token_count (from the token counter)", minimum=0)
+            row["token_count"] = tokens
 
 
-def check_roles(roles: Iterable[str] | None) -> list[str] | None:
+def check_roles(roles: object) -> list[str] | None:
+    """A role or an iterable of roles (None: every role)."""
     if roles is None:
         return None
-    if isinstance(roles, str):
-        roles = [roles]
-    checked = list(roles)
+    checked = [roles] if isinstance(roles, str) else check_list(roles, "roles", "roles")
     for role in checked:
-        if role not in _ROLES:
-            raise ValidationError(f"roles: {role!r} is not one of {', '.join(ROLES)}")
+        if not isinstance(role, str) or role not in _ROLES:
+            raise ValidationError(f"roles: {shown(role)} is not one of {', '.join(ROLES)}")
     if not checked:
         raise ValidationError("roles: give at least one role, or None for all")
     return checked
-
-
-def as_instant(value: object, field: str, *, end: bool) -> tuple[datetime, bool]:
-    """A datetime bound, and whether it is inclusive.  A date ``end`` covers that whole day (UTC)."""
-    if isinstance(value, datetime):
-        return check_aware(value, field), True
-    if isinstance(value, date):
-        start = datetime.combine(value, time.min, tzinfo=timezone.utc)
-        return (start + timedelta(days=1), False) if end else (start, True)
-    raise ValidationError(f"{field}: expected a datetime or a date, got {type(value).__name__}")

@@ -19,22 +19,29 @@ from memorm.errors import NotFoundError, ValidationError
 from memorm.models import MESSAGES, SESSIONS, Message, fields, hydrate
 from memorm.page import Page
 from memorm.repositories.base import Repository
-from memorm.repositories.message_input import (
-    as_instant,
-    check_int,
-    check_roles,
-)
+from memorm.repositories.message_input import check_roles
 from memorm.search.fts_ddl import MESSAGES_FTS
 from memorm.search.text import search_page
 from memorm.translate import guarded
-from memorm.validation import as_uuid, check_limit, check_text
+from memorm.validation import (
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    as_instant,
+    as_uuid,
+    check_flag,
+    check_int,
+    check_limit,
+    check_text,
+)
 
 __all__ = ["MessageQueries"]
 
 _FIELDS = fields(MESSAGES)  # not the derived search words
 _COLUMNS = tuple(column.name for column in _FIELDS)
-SEQ_MAX = 2**31 - 1  # seq is a 32-bit integer
-SEQ_MIN = -(2**31)
+SEQ_MAX = INT32_MAX  # seq is a 32-bit integer
+SEQ_MIN = INT32_MIN
 _WINDOW_BACK = (  # the newest `limit` messages up to seq `bound`, newest first
     sa.select(*_FIELDS)
     .where(MESSAGES.c.session_id == sa.bindparam("session_id"), MESSAGES.c.seq <= sa.bindparam("bound"))
@@ -48,6 +55,10 @@ _WINDOW_FORWARD = (  # the oldest `limit` messages from seq `bound` on
     .limit(sa.bindparam("limit"))
 )
 _FIRST_SCAN = 256  # context(): rows whose tokens are summed first (~25k tokens of chat)
+
+
+def _cursor(value: object, field: str) -> int:
+    return check_int(value, field, minimum=INT64_MIN, maximum=INT64_MAX)
 
 
 class MessageQueries(Repository):
@@ -76,7 +87,8 @@ class MessageQueries(Repository):
 
         With neither cursor: the newest ``limit``.  ``before_seq``: the last
         ``limit`` before it (paging back).  ``after_seq``: the first ``limit``
-        after it (paging forward).  ``roles`` keeps only those roles.
+        after it (paging forward).  ``roles`` keeps only those roles.  Cursors
+        are any 64-bit integers (seqs themselves are 32-bit).
         """
         key = as_uuid(session_id, "session_id")
         check_limit(limit)
@@ -85,9 +97,16 @@ class MessageQueries(Repository):
             raise ValidationError("window: give before_seq or after_seq, not both")
         forward = after_seq is not None
         if forward:
-            bound = check_int(after_seq, "after_seq") + 1
+            bound = _cursor(after_seq, "after_seq") + 1
         else:
-            bound = SEQ_MAX if before_seq is None else check_int(before_seq, "before_seq") - 1
+            bound = SEQ_MAX if before_seq is None else _cursor(before_seq, "before_seq") - 1
+        if not SEQ_MIN <= bound <= SEQ_MAX:
+            # Past the 32-bit seqs: a bound beyond the far end matches every row
+            # (so it is clamped); one beyond the near end matches none.
+            if (bound > SEQ_MAX) == forward:
+                await self._require_session(key)
+                return []
+            bound = SEQ_MIN if forward else SEQ_MAX
         if wanted is None:  # the hot path: a precompiled statement, straight to the driver
             statement = _WINDOW_FORWARD if forward else _WINDOW_BACK
             async with guarded(self.session):
@@ -120,7 +139,9 @@ class MessageQueries(Repository):
         found in SQL (a running sum of ``token_count``); only the kept rows are read.
         """
         key = as_uuid(session_id, "session_id")
-        budget = check_int(max_tokens, "max_tokens", minimum=1)
+        # A budget in token_count's unit, and as wide: Postgres compares it as a 32-bit integer.
+        budget = check_int(max_tokens, "max_tokens", minimum=1, maximum=INT32_MAX)
+        check_flag(pinned_system, "pinned_system")
         system: Message | None = None
         where: list[ColumnElement[bool]] = [MESSAGES.c.session_id == key]
         head = await self._fetch_window(key, forward=True, bound=SEQ_MIN, limit=1)
@@ -215,6 +236,7 @@ class MessageQueries(Repository):
         match.  Any string is safe: FTS operators and SQL are searched as words.
         """
         text = check_text(query, "query") or ""
+        check_limit(limit, offset)
         where = await self._scope(agent_id, session_id, roles)
         return await search_page(
             self.session, MESSAGES_FTS, text, entity=Message, where=where, limit=limit, offset=offset
@@ -237,6 +259,7 @@ class MessageQueries(Repository):
         """
         lower, _ = as_instant(start, "start", end=False)
         upper, inclusive = as_instant(end, "end", end=True)
+        check_limit(limit, offset)
         where = await self._scope(agent_id, session_id, roles)
         where.append(MESSAGES.c.created_at >= lower)
         where.append(MESSAGES.c.created_at <= upper if inclusive else MESSAGES.c.created_at < upper)

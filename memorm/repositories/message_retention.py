@@ -17,7 +17,7 @@ from sqlalchemy.sql import ColumnElement
 
 from memorm.models import MESSAGES, SESSIONS
 from memorm.repositories.message_queries import MessageQueries
-from memorm.validation import as_uuid, check_aware
+from memorm.validation import as_uuid, check_aware, check_flag
 
 __all__ = ["MessageRetention", "with_answers"]
 
@@ -100,6 +100,7 @@ class MessageRetention(MessageQueries):
         owner = as_uuid(agent_id, "agent_id")
         instant = check_aware(cutoff, "cutoff")
         chat = None if session_id is None else as_uuid(session_id, "session_id")
+        check_flag(dry_run, "dry_run")
         await self._scope(owner, chat, None)  # NotFoundError for an unknown agent or another's session
         if dry_run:
             return await self._count_old(owner, instant, chat)

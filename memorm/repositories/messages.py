@@ -24,18 +24,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from memorm.driver import fetch, insert_rows
 from memorm.errors import NotFoundError
 from memorm.models import MESSAGES, SESSIONS, Message, hydrate
-from memorm.repositories.message_input import (
-    MessageInput,
-    check_batch,
-    check_int,
-    check_message,
-)
-from memorm.repositories.message_queries import _COLUMNS
+from memorm.repositories.message_input import MessageInput, check_batch, check_message, count_tokens
+from memorm.repositories.message_queries import _COLUMNS, SEQ_MAX, SEQ_MIN
 from memorm.repositories.message_retention import MessageRetention
 from memorm.tokens import TokenCounter, estimate_tokens
 from memorm.translate import check_writable, guarded
 from memorm.types import utcnow
-from memorm.validation import as_uuid, check_text
+from memorm.validation import INT64_MAX, INT64_MIN, MAX_COUNT, as_uuid, check_int, check_text
 
 __all__ = ["MessageRepository"]
 
@@ -73,6 +68,7 @@ class MessageRepository(MessageRetention):
         """
         key = as_uuid(session_id, "session_id")
         batch, rows = check_batch(messages)
+        count_tokens(self.token_counter, rows)  # the counter's answers are checked too, before any write
         if not rows:
             await self._lock_session(key)
             return []
@@ -90,6 +86,7 @@ class MessageRepository(MessageRetention):
         """
         key = as_uuid(session_id, "session_id")
         batch, rows = check_batch(messages)
+        count_tokens(self.token_counter, rows)
         agent_id, _ = await self._lock_session(key)
         if not rows:
             return []
@@ -114,17 +111,15 @@ class MessageRepository(MessageRetention):
     async def replace_system(self, session_id: uuid.UUID | str, content: str) -> Message:
         """Swap the system message's content, or create the system message if there is none."""
         key = as_uuid(session_id, "session_id")
-        row = check_message({"role": "system", "content": content}, 0)
-        row["content"] = check_text(content, "content")
+        row = check_message({"role": "system", "content": check_text(content, "content")}, 0)
+        count_tokens(self.token_counter, [row])
         agent_id, _ = await self._lock_session(key)
         head = await self._head(key)
         if head is not None and head[1] == "system":
-            now = utcnow()
-            tokens = self.token_counter(row)
             await self._execute(
                 sa.update(MESSAGES)
                 .where(MESSAGES.c.session_id == key, MESSAGES.c.seq == head[0])
-                .values(content=row["content"], token_count=tokens, updated_at=now)
+                .values(content=row["content"], token_count=row["token_count"], updated_at=utcnow())
                 .values(search_words=row["content"])  # the derived words follow the text
             )
             return (await self._select(MESSAGES.c.session_id == key, MESSAGES.c.seq == head[0]))[0]
@@ -144,7 +139,7 @@ class MessageRepository(MessageRetention):
         system message.  Returns how many messages were deleted.
         """
         key = as_uuid(session_id, "session_id")
-        keep = check_int(keep_last, "keep_last", minimum=0)
+        keep = check_int(keep_last, "keep_last", minimum=0, maximum=MAX_COUNT)
         await self._lock_session(key)
         head = await self._head(key)
         system_seq = head[0] if head is not None and head[1] == "system" else None
@@ -183,20 +178,27 @@ class MessageRepository(MessageRetention):
     async def delete_after(self, session_id: uuid.UUID | str, seq: int) -> int:
         """Delete every message after ``seq`` (rewinding a crashed step); returns how many.
 
-        The session's counter rewinds too, so the next append continues at ``seq + 1``.
+        The session's counter rewinds too, so the next append continues at
+        ``seq + 1``.  ``seq`` is any 64-bit integer; seqs are 32-bit, so one
+        below them all deletes everything (numbering restarts at the lowest
+        seq) and one at or above the highest deletes nothing.
         """
         key = as_uuid(session_id, "session_id")
-        after = check_int(seq, "seq")
+        # The first seq to delete, clamped to the seqs that can exist (a bound
+        # past 32 bits would fail on Postgres and match differently on SQLite).
+        first = max(check_int(seq, "seq", minimum=INT64_MIN, maximum=INT64_MAX) + 1, SEQ_MIN)
         await self._lock_session(key)
-        result = await self._execute(
-            sa.delete(MESSAGES).where(MESSAGES.c.session_id == key, MESSAGES.c.seq > after)
+        if first > SEQ_MAX:
+            return 0
+        deleted = await self._rowcount(
+            sa.delete(MESSAGES).where(MESSAGES.c.session_id == key, MESSAGES.c.seq >= first)
         )
         await self._execute(
             sa.update(SESSIONS)
-            .where(SESSIONS.c.id == key, SESSIONS.c.next_seq > after + 1)
-            .values(next_seq=after + 1)
+            .where(SESSIONS.c.id == key, SESSIONS.c.next_seq > first)
+            .values(next_seq=first)
         )
-        return int(result.rowcount)  # type: ignore[attr-defined]
+        return deleted
 
     async def clear(self, session_id: uuid.UUID | str) -> int:
         """Delete every message of the session, the system message too; returns how many.
@@ -267,15 +269,13 @@ class MessageRepository(MessageRetention):
         *,
         first_seq: int,
     ) -> list[Message]:
-        """Number, complete and insert checked rows; returns them as ``Message`` objects."""
+        """Number, complete and insert checked rows (token counts filled in); returns ``Message`` objects."""
         now = utcnow()
         stored: list[Message] = []
         for seq, (item, row) in enumerate(zip(batch, rows, strict=True), start=first_seq):
             row.update(session_id=key, agent_id=agent_id, seq=seq, updated_at=now)
             if row["created_at"] is None:
                 row["created_at"] = now
-            if row["token_count"] is None:
-                row["token_count"] = self.token_counter(row)
             if isinstance(item, Message):
                 item.__dict__.update(row)  # transient object: plain writes are enough
                 stored.append(item)

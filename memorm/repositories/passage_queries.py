@@ -26,7 +26,16 @@ from memorm.search.vector import (
     score_of,
 )
 from memorm.types.vector import pack_float16, unpack_float16
-from memorm.validation import as_uuid, check_limit, check_text, check_vector
+from memorm.validation import (
+    as_uuid,
+    check_int,
+    check_limit,
+    check_list,
+    check_name,
+    check_text,
+    check_vector,
+    shown,
+)
 
 __all__ = ["PassageQueries"]
 
@@ -40,18 +49,13 @@ PassageInput = ArchivalPassage | Mapping[str, Any]
 
 
 def _check_model_name(name: object) -> str:
-    model = check_text(name, "embedding_model") or ""
-    if not model.strip():
-        raise ValidationError("embedding_model: must not be blank")
-    return model
+    return check_name(name, "embedding_model")
 
 
 def _check_shape(dim: object, precision: object) -> None:
     """An embedding model's shape: 1 to 16,000 dimensions, stored at one of :data:`_PRECISIONS`."""
-    if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= 16000:
-        raise ValidationError(f"dim: expected an integer from 1 to 16,000, got {dim!r}")
-    if precision not in _PRECISIONS:
-        raise ValidationError(f"precision: {precision!r} is not one of {', '.join(_PRECISIONS)}")
+    check_int(dim, "dim", minimum=1, maximum=16000)
+    _check_precision(precision)
 
 
 FLOAT16_MAX = 65504.0
@@ -64,10 +68,14 @@ def _check_half(vectors: Iterable[Sequence[float]]) -> None:
             raise ValidationError(f"embedding: a float16 model stores values up to {FLOAT16_MAX:g}")
 
 
+def _check_precision(precision: object) -> str:
+    if not isinstance(precision, str) or precision not in _PRECISIONS:
+        raise ValidationError(f"precision: {shown(precision)} is not one of {', '.join(_PRECISIONS)}")
+    return precision
+
+
 def _check_k(k: object, field: str = "k") -> int:
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 1000:
-        raise ValidationError(f"{field}: expected an integer from 1 to 1000, got {k!r}")
-    return k
+    return check_int(k, field, minimum=1, maximum=1000)
 
 
 class PassageQueries(Repository):
@@ -116,7 +124,7 @@ class PassageQueries(Repository):
 
     async def get_many(self, ids: Iterable[uuid.UUID | str]) -> builtins.list[ArchivalPassage]:
         """The passages with these ids, in the order given; unknown ids are left out."""
-        wanted = [as_uuid(passage_id, "ids[]") for passage_id in ids]
+        wanted = [as_uuid(passage_id, "ids[]") for passage_id in check_list(ids, "ids", "passage ids")]
         found: dict[uuid.UUID, ArchivalPassage] = {}
         for first in range(0, len(wanted), 1000):  # bounded IN lists
             found.update(await self._load(wanted[first : first + 1000]))
@@ -167,10 +175,8 @@ class PassageQueries(Repository):
         vector = check_vector(embedding)
         check_limit(_check_k(k), offset)
         chosen = check_metric(metric)
-        if ef_search is not None and (
-            isinstance(ef_search, bool) or not isinstance(ef_search, int) or not 1 <= ef_search <= 1000
-        ):
-            raise ValidationError(f"ef_search: expected an integer from 1 to 1000, got {ef_search!r}")
+        if ef_search is not None:
+            _check_k(ef_search, "ef_search")
         if chosen == "cosine" and not any(vector):
             raise ValidationError("embedding: a zero vector has no direction for cosine distance")
         conditions = await self._filters(where)
@@ -217,6 +223,7 @@ class PassageQueries(Repository):
         """Full-text search of the agent's passages, with the same rules as message search."""
         key = as_uuid(agent_id, "agent_id")
         text = check_text(query, "query") or ""
+        check_limit(limit, offset)
         await self._require_agent(key)
         return await search_page(
             self.session,
@@ -248,12 +255,12 @@ class PassageQueries(Repository):
         """
         _check_k(k)
         pool = _check_k(candidates if candidates is not None else min(1000, 4 * k), "candidates")
+        text = check_text(query, "query") or ""  # checked with the rest, before search's statements
         vector_hits = await self.search(
             agent_id, embedding, k=pool, embedding_model=embedding_model, metric=metric, where=where
         )
         # The text side gets the same scope in SQL, before its limit: model and filters.
         key = as_uuid(agent_id, "agent_id")
-        text = check_text(query, "query") or ""
         scope = [
             PASSAGES.c.agent_id == key,
             PASSAGES.c.embedding_model == _check_model_name(embedding_model),

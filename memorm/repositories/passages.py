@@ -37,7 +37,15 @@ from memorm.search.vector import (
     ensure_index,
 )
 from memorm.types import utcnow
-from memorm.validation import as_uuid, check_aware, check_json_object, check_text, check_vector
+from memorm.validation import (
+    as_uuid,
+    check_aware,
+    check_flag,
+    check_json_object,
+    check_list,
+    check_text,
+    check_vector,
+)
 
 __all__ = ["PassageRepository"]
 
@@ -126,7 +134,8 @@ class PassageRepository(PassageQueries):
         ``meta``, ``id``, ``created_at``) or ``ArchivalPassage`` objects.
         """
         key = as_uuid(agent_id, "agent_id")
-        checked = [self._check_item(item, index) for index, item in enumerate(items)]
+        given = check_list(items, "items", "passages (dicts or ArchivalPassage objects)")
+        checked = [self._check_item(item, index) for index, item in enumerate(given)]
         # Every check before any write: a rejected batch registers no model and
         # bumps no version, even if the caller carries on with the unit of work.
         shapes: dict[str, int] = {}
@@ -187,8 +196,6 @@ class PassageRepository(PassageQueries):
             )
         created_at = given.get("created_at")
         if created_at is not None:
-            from memorm.validation import check_aware
-
             check_aware(created_at, f"{where}.created_at")
         passage_id = given.get("id")
         return _check_model_name(given.get("embedding_model", "default")), {
@@ -250,7 +257,7 @@ class PassageRepository(PassageQueries):
     async def delete_many(self, agent_id: uuid.UUID | str, ids: Iterable[uuid.UUID | str]) -> int:
         """Delete these passages of the agent (others' and unknown ids are ignored); returns how many."""
         key = as_uuid(agent_id, "agent_id")
-        wanted = [as_uuid(passage_id, "ids[]") for passage_id in ids]
+        wanted = [as_uuid(passage_id, "ids[]") for passage_id in check_list(ids, "ids", "passage ids")]
         await self._require_agent(key)
         mine = sa.and_(PASSAGES.c.agent_id == key, PASSAGES.c.id.in_(wanted))
         if not wanted or await self._scalar(sa.select(PASSAGES.c.id).where(mine).limit(1)) is None:
@@ -270,6 +277,7 @@ class PassageRepository(PassageQueries):
         """
         key = as_uuid(agent_id, "agent_id")
         instant = check_aware(cutoff, "cutoff")
+        check_flag(dry_run, "dry_run")
         await self._require_agent(key)
         if dry_run:
             return int(await self._scalar(sa.select(sa.func.count()).where(_old(key, instant))))

@@ -9,22 +9,28 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from memorm.errors import ConflictError, NotFoundError, ValidationError
+from memorm.errors import ConflictError, NotFoundError
 from memorm.models import AGENTS, MESSAGES, SESSIONS, Session
 from memorm.page import Page
 from memorm.repositories.base import Repository
 from memorm.retention import DEFAULT_BATCH, Removed, check_batch
 from memorm.types import utcnow
-from memorm.validation import as_uuid, check_aware, check_duration, check_json_object, check_text
+from memorm.validation import (
+    as_uuid,
+    check_aware,
+    check_duration,
+    check_flag,
+    check_json_object,
+    check_name,
+    check_text,
+    later,
+)
 
 __all__ = ["SessionRepository"]
 
 
 def _check_key(key: object) -> str:
-    checked = check_text(key, "key") or ""
-    if not checked:
-        raise ValidationError("key: must not be empty")
-    return checked
+    return check_name(key, "key", blank=True)  # a framework's id: any non-empty string
 
 
 Lifetime = timedelta | float | int
@@ -62,9 +68,9 @@ class SessionRepository(Repository):
         if found is None:
             raise NotFoundError(f"no agent {owner}")
         if lifetime is None and found.retention is not None:
-            lifetime = timedelta(seconds=found.retention)
+            lifetime = check_duration(found.retention, "the agent's retention")
         if lifetime is not None:
-            chat.expires_at = chat.created_at + lifetime
+            chat.expires_at = later(chat.created_at, lifetime, "ttl")
         async with self._savepoint():  # the agent may vanish meanwhile: FK -> NotFoundError
             self.session.add(chat)
             await self.session.flush()
@@ -148,10 +154,11 @@ class SessionRepository(Repository):
         key = as_uuid(session_id, "session_id")
         lifetime = None if ttl is None else check_duration(ttl, "ttl")
         instant = utcnow() if now is None else check_aware(now, "now")
+        expires_at = None if lifetime is None else later(instant, lifetime, "now + ttl")
         statement = (
             sa.update(Session)
             .where(SESSIONS.c.id == key)
-            .values(expires_at=None if lifetime is None else instant + lifetime, updated_at=utcnow())
+            .values(expires_at=expires_at, updated_at=utcnow())
             .returning(Session)
             .execution_options(populate_existing=True, synchronize_session=False)
         )
@@ -174,7 +181,7 @@ class SessionRepository(Repository):
         """
         instant = utcnow() if now is None else check_aware(now, "now")
         size = check_batch(batch)
-        if dry_run:
+        if check_flag(dry_run, "dry_run"):
             expired = sa.select(SESSIONS.c.id).where(SESSIONS.c.expires_at <= instant)
             messages = sa.select(MESSAGES.c.id).where(MESSAGES.c.session_id.in_(expired.scalar_subquery()))
             return Removed(sessions=await self._count(expired), messages=await self._count(messages))

@@ -93,7 +93,7 @@ def score_of(metric: str, distance: float) -> float:
 
 
 def check_metric(metric: object) -> str:
-    if metric not in METRICS:
+    if not isinstance(metric, str) or metric not in METRICS:
         raise ValidationError(f"metric: {metric!r} is not one of {', '.join(METRICS)}")
     return str(metric)
 

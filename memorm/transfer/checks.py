@@ -20,13 +20,13 @@ import sqlalchemy as sa
 
 from memorm.errors import ValidationError
 from memorm.models import fields
-from memorm.repositories.agents import _check_core_memory, _check_name, _check_retention
-from memorm.repositories.message_input import _GIVEN, check_int, check_message
+from memorm.repositories.agents import _check_core_memory, _check_retention
+from memorm.repositories.message_input import _GIVEN, check_message
 from memorm.repositories.passage_queries import _check_half, _check_model_name, _check_shape
 from memorm.repositories.sessions import _check_key
 from memorm.transfer.rows import column_names
 from memorm.types import JSONType, VectorType
-from memorm.validation import check_json, check_json_object, check_text, check_vector
+from memorm.validation import check_int, check_json, check_json_object, check_name, check_text, check_vector
 
 __all__ = ["check_row", "vector_of"]
 
@@ -83,7 +83,7 @@ def _storage(table: sa.Table, values: Values) -> None:
 
 
 def _agent(values: Values) -> None:
-    _check_name(values["name"])
+    check_name(values["name"], "name")
     _check_core_memory(values["core_memory"])
     check_json_object(values["llm_config"], "llm_config")
     _check_retention(values["retention"])

@@ -10,6 +10,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeEngine
 
 from memorm.errors import ValidationError
+from memorm.validation import MAX_TIME, MIN_TIME
 
 __all__ = ["UTCDateTime", "utcnow"]
 
@@ -41,9 +42,14 @@ class UTCDateTime(sa.types.TypeDecorator[datetime]):
             return None
         if not isinstance(value, datetime):
             raise ValidationError(f"expected a datetime, got {type(value).__name__}")
+        if value.tzinfo is not timezone.utc and (value.tzinfo is None or value.utcoffset() is None):
+            raise ValidationError(f"naive datetime {value!r}: give it a timezone (UTC)")
+        # The repositories check the range before any statement; this catches raw ORM
+        # writes and imports too.  In range, the conversion to UTC cannot overflow, and
+        # Postgres never gets datetime.min/max (which asyncpg sends as -infinity/infinity).
+        if not MIN_TIME <= value <= MAX_TIME:
+            raise ValidationError(f"{value.isoformat()} is outside the range memorm stores")
         if value.tzinfo is not timezone.utc:
-            if value.tzinfo is None or value.utcoffset() is None:
-                raise ValidationError(f"naive datetime {value!r}: give it a timezone (UTC)")
             value = value.astimezone(timezone.utc)
         if dialect.name == "sqlite":
             return value.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")

@@ -16,6 +16,7 @@ from memorm.compat.langchain.documents import to_document
 from memorm.db import Database
 from memorm.errors import ConflictError, NotFoundError, ValidationError
 from memorm.search.vector import ScoredPassage
+from memorm.validation import check_list
 
 __all__ = ["UPSERT_ATTEMPTS", "delete", "get", "search", "upsert"]
 
@@ -30,6 +31,9 @@ async def upsert(
     existing: set[uuid.UUID],
 ) -> None:
     """Store the items with their vectors, replacing this agent's passages under ``existing`` ids."""
+    vectors = check_list(vectors, "embeddings", "vectors")
+    if len(vectors) != len(items):  # the embeddings' answer, not the caller's input
+        raise ValidationError(f"embeddings: {len(vectors)} vectors for {len(items)} texts")
     # The last item of an id wins, as if they had been added one after another.
     latest = {item["id"]: {**item, "embedding": vector} for item, vector in zip(items, vectors, strict=True)}
     for attempt in range(UPSERT_ATTEMPTS):

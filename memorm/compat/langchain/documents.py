@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.documents import Document
@@ -12,6 +11,7 @@ from langchain_core.embeddings import Embeddings
 from memorm.errors import ValidationError
 from memorm.ids import uuid7
 from memorm.models import ArchivalPassage
+from memorm.validation import check_json_object, check_list, check_text
 
 __all__ = [
     "DOCUMENT_ID_KEY",
@@ -72,14 +72,20 @@ def passage_batch(
     agent_id: uuid.UUID,
     embedding_model: str,
     texts: list[str],
-    metadatas: list[dict[str, Any]] | None,
-    ids: Sequence[str | None] | None,
+    metadatas: object,
+    ids: object,
 ) -> Batch:
     """The passages storing ``texts`` (embeddings still to add), checked before anything is embedded.
 
     ``ids`` entries that are None get new UUIDv7 ids; given ids may name
     passages that exist already (an add under them replaces those).
     """
+    for index, text in enumerate(texts):
+        check_text(text, f"texts[{index}]")
+    if metadatas is not None:
+        metadatas = check_list(metadatas, "metadatas", "dicts")
+    if ids is not None:
+        ids = check_list(ids, "ids", "strings or None")
     if metadatas is not None and len(metadatas) != len(texts):
         raise ValidationError(f"metadatas: {len(metadatas)} for {len(texts)} texts")
     if ids is not None and len(ids) != len(texts):
@@ -95,7 +101,7 @@ def passage_batch(
         else:
             key, key_id = given, passage_id(agent_id, given)
             existing.add(key_id)
-        meta = dict(metadatas[index] or {}) if metadatas is not None else {}
+        meta = check_json_object(metadatas[index], f"metadatas[{index}]") if metadatas is not None else {}
         if DOCUMENT_ID_KEY in meta:
             raise ValidationError(f"metadatas[{index}]: {DOCUMENT_ID_KEY!r} is reserved for the document id")
         if str(key_id) != key:

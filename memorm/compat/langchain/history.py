@@ -15,9 +15,8 @@ from memorm.compat.langchain.messages import from_langchain, to_langchain
 from memorm.db import Database
 from memorm.errors import NotFoundError, ValidationError
 from memorm.models import Agent, Message
-from memorm.repositories.message_input import check_int
 from memorm.uow import UnitOfWork
-from memorm.validation import as_uuid, check_duration, check_text
+from memorm.validation import MAX_COUNT, as_uuid, check_duration, check_int, check_list, check_name
 
 __all__ = ["PAGE", "MemormChatMessageHistory"]
 
@@ -74,13 +73,11 @@ class MemormChatMessageHistory(BaseChatMessageHistory):
         ttl: timedelta | float | None = None,
     ) -> None:
         super().__init__()
-        key = check_text(session_key, "session_key") or ""
-        if not key:
-            raise ValidationError("session_key: must not be empty")
+        key = check_name(session_key, "session_key", blank=True)
         self.db = db
         self.session_key = key
         self.agent_id = as_uuid(agent.id if isinstance(agent, Agent) else agent, "agent")
-        self.window = None if window is None else check_int(window, "window", minimum=1)
+        self.window = None if window is None else check_int(window, "window", minimum=1, maximum=MAX_COUNT)
         self.ttl = None if ttl is None else check_duration(ttl, "ttl")
         self._session_id: uuid.UUID | None = None  # set once the session is known to exist
 
@@ -95,7 +92,7 @@ class MemormChatMessageHistory(BaseChatMessageHistory):
 
     async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
         """Append the messages in one unit of work (creating the session on first use)."""
-        await self._append(self.db, [from_langchain(message) for message in messages])
+        await self._append(self.db, _rows(messages))
 
     async def aclear(self) -> None:
         """Delete the session's messages (the session itself stays, under its key)."""
@@ -110,7 +107,7 @@ class MemormChatMessageHistory(BaseChatMessageHistory):
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
         """Append the messages in one unit of work (creating the session on first use)."""
-        rows = [from_langchain(message) for message in messages]
+        rows = _rows(messages)
         BRIDGE.run(self.db, lambda db: self._append(db, rows))
 
     def clear(self) -> None:
@@ -172,6 +169,18 @@ class MemormChatMessageHistory(BaseChatMessageHistory):
             if found is not None:
                 self._session_id = found.id
         return self._session_id
+
+
+def _rows(messages: object) -> list[dict[str, Any]]:
+    """The memorm rows storing LangChain messages (anything else is a ``ValidationError``)."""
+    rows = []
+    for index, message in enumerate(check_list(messages, "messages", "LangChain messages")):
+        if not isinstance(message, BaseMessage):
+            raise ValidationError(
+                f"messages[{index}]: expected a LangChain message, got {type(message).__name__}"
+            )
+        rows.append(from_langchain(message))
+    return rows
 
 
 async def _newest(uow: UnitOfWork, session_id: uuid.UUID, count: int) -> list[Message]:

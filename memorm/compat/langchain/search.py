@@ -21,9 +21,27 @@ from memorm.compat._sync import BRIDGE
 from memorm.compat.langchain import archive
 from memorm.compat.langchain.documents import to_document
 from memorm.db import Database
+from memorm.errors import ValidationError
 from memorm.search.vector import ScoredPassage
+from memorm.validation import check_int, check_text, shown
 
 __all__ = ["VectorSearch"]
+
+
+def _query(query: object) -> str:
+    """The query text, checked before the embeddings see it."""
+    return check_text(query, "query") or ""
+
+
+def _check_mmr(k: object, lambda_mult: object) -> None:
+    """MMR's own arguments (``fetch_k`` is the search's ``k``, checked there)."""
+    check_int(k, "k", minimum=1, maximum=1000)
+    if (
+        isinstance(lambda_mult, bool)
+        or not isinstance(lambda_mult, (int, float))
+        or not 0 <= lambda_mult <= 1  # also false for NaN
+    ):
+        raise ValidationError(f"lambda_mult: expected a number from 0 to 1, got {shown(lambda_mult)}")
 
 
 class VectorSearch(VectorStore):
@@ -52,14 +70,14 @@ class VectorSearch(VectorStore):
     ) -> list[tuple[Document, float]]:
         """The ``k`` documents nearest ``query`` with their scores (higher is better)."""
         return self.similarity_search_with_score_by_vector(
-            self.embedding.embed_query(query), k, filter=filter
+            self.embedding.embed_query(_query(query)), k, filter=filter
         )
 
     async def asimilarity_search_with_score(
         self, query: str, k: int = 4, *, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[tuple[Document, float]]:
         """The ``k`` documents nearest ``query`` with their scores (higher is better)."""
-        vector = await self.embedding.aembed_query(query)
+        vector = await self.embedding.aembed_query(_query(query))
         return await self.asimilarity_search_with_score_by_vector(vector, k, filter=filter)
 
     def similarity_search_with_score_by_vector(
@@ -100,8 +118,9 @@ class VectorSearch(VectorStore):
         **kwargs: Any,
     ) -> list[Document]:
         """``k`` documents chosen among the ``fetch_k`` nearest for relevance and diversity."""
+        _check_mmr(k, lambda_mult)
         return self.max_marginal_relevance_search_by_vector(
-            self.embedding.embed_query(query), k, fetch_k, lambda_mult, filter=filter
+            self.embedding.embed_query(_query(query)), k, fetch_k, lambda_mult, filter=filter
         )
 
     async def amax_marginal_relevance_search(
@@ -115,7 +134,8 @@ class VectorSearch(VectorStore):
         **kwargs: Any,
     ) -> list[Document]:
         """``k`` documents chosen among the ``fetch_k`` nearest for relevance and diversity."""
-        vector = await self.embedding.aembed_query(query)
+        _check_mmr(k, lambda_mult)
+        vector = await self.embedding.aembed_query(_query(query))
         return await self.amax_marginal_relevance_search_by_vector(
             vector, k, fetch_k, lambda_mult, filter=filter
         )
@@ -131,6 +151,7 @@ class VectorSearch(VectorStore):
         **kwargs: Any,
     ) -> list[Document]:
         """``k`` documents chosen among the ``fetch_k`` nearest for relevance and diversity."""
+        _check_mmr(k, lambda_mult)
         hits = BRIDGE.run(self.db, lambda db: self._search(db, embedding, fetch_k, filter))
         return self._mmr(embedding, hits, k, lambda_mult)
 
@@ -145,6 +166,7 @@ class VectorSearch(VectorStore):
         **kwargs: Any,
     ) -> list[Document]:
         """``k`` documents chosen among the ``fetch_k`` nearest for relevance and diversity."""
+        _check_mmr(k, lambda_mult)
         hits = await self._search(self.db, embedding, fetch_k, filter)
         return self._mmr(embedding, hits, k, lambda_mult)
 

@@ -24,7 +24,7 @@ from memorm.db import Database
 from memorm.errors import ValidationError
 from memorm.models import Agent, ArchivalPassage
 from memorm.search.vector import check_metric
-from memorm.validation import as_uuid, check_text
+from memorm.validation import as_uuid, check_list, check_name
 
 __all__ = ["MemormVectorStore"]
 
@@ -77,9 +77,7 @@ class MemormVectorStore(VectorSearch):
         self.agent_id = as_uuid(agent_id.id if isinstance(agent_id, Agent) else agent_id, "agent_id")
         self.embedding = embedding
         name = embedding_model_of(embedding) if embedding_model is None else embedding_model
-        if not (check_text(name, "embedding_model") or "").strip():
-            raise ValidationError("embedding_model: must not be blank")
-        self.embedding_model = name
+        self.embedding_model = check_name(name, "embedding_model")
         self.metric = check_metric(metric)
 
     def __repr__(self) -> str:
@@ -113,7 +111,10 @@ class MemormVectorStore(VectorSearch):
                 "delete: give ids (memorm does not empty an archive by accident; "
                 "delete the agent, or use uow.passages.delete_where)"
             )
-        return [self.passage_id(document_id) for document_id in ids]
+        return self._passage_ids(ids)
+
+    def _passage_ids(self, ids: object) -> list[uuid.UUID]:
+        return [self.passage_id(document_id) for document_id in check_list(ids, "ids", "document ids")]
 
     # -- writing -------------------------------------------------------------
 
@@ -129,7 +130,7 @@ class MemormVectorStore(VectorSearch):
 
         ``ids`` entries that are None get new ids; an id that exists is replaced.
         """
-        batch = list(texts)
+        batch = check_list(texts, "texts", "strings")
         keys, items, existing = self._batch(batch, metadatas, ids)
         if not batch:
             return []
@@ -146,7 +147,7 @@ class MemormVectorStore(VectorSearch):
         **kwargs: Any,
     ) -> list[str]:
         """Embed and store the texts in one unit of work; returns their ids."""
-        batch = list(texts)
+        batch = check_list(texts, "texts", "strings")
         keys, items, existing = self._batch(batch, metadatas, ids)
         if not batch:
             return []
@@ -173,12 +174,12 @@ class MemormVectorStore(VectorSearch):
 
     def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
         """The documents with these ids, in the order given; missing ids are skipped."""
-        wanted = [self.passage_id(document_id) for document_id in ids]
+        wanted = self._passage_ids(ids)
         return BRIDGE.run(self.db, lambda db: archive.get(db, self.agent_id, wanted))
 
     async def aget_by_ids(self, ids: Sequence[str], /) -> list[Document]:
         """The documents with these ids, in the order given; missing ids are skipped."""
-        wanted = [self.passage_id(document_id) for document_id in ids]
+        wanted = self._passage_ids(ids)
         return await archive.get(self.db, self.agent_id, wanted)
 
     # -- construction --------------------------------------------------------
