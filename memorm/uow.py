@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from memorm.concurrency import CrossLoopLock, protect
 from memorm.driver import in_transaction, interrupt
-from memorm.errors import DatabaseError
+from memorm.errors import DatabaseError, MemormError
 from memorm.repositories import (
     AgentRepository,
     MessageRepository,
@@ -212,8 +212,12 @@ class UnitOfWork:
         if earlier is not None:
             await self._rollback()
             raise DatabaseError(f"this unit of work failed ({earlier}) and was rolled back") from earlier
-        with translating():
-            await self.session.commit()
+        try:
+            with translating():
+                await self.session.commit()
+        except MemormError as error:
+            self.session.info[FAILED] = error  # a failed COMMIT leaves nothing to commit later
+            raise
         # Committed archive changes make those agents' cached vectors stale: drop
         # them now, so no deleted vector stays in memory until the next search.
         written = self.session.info.pop(ARCHIVE_WRITES, None)

@@ -11,6 +11,8 @@ from conftest import Store, count_rows
 from sqlalchemy.engine import make_url
 
 from memorm import Database, SchemaError
+from memorm.errors import DatabaseError, MemormError
+from memorm.uow import UnitOfWork
 
 pytestmark = pytest.mark.anyio
 
@@ -205,3 +207,46 @@ async def test_a_second_database_on_the_same_store_sees_committed_writes(db: Dat
         await uow.messages.append(chat.id, {"role": "assistant", "content": "hello"})
     async with db.unit_of_work() as uow:
         assert [(m.seq, m.content) for m in await uow.messages.window(chat.id)] == [(1, "hi"), (2, "hello")]
+
+
+async def _commit_will_fail(uow: UnitOfWork, store: Store) -> None:
+    """Arrange for this unit of work's COMMIT to fail in the database (a check deferred to COMMIT)."""
+    if store.engine == "sqlite":
+        await uow.session.execute(sa.text("PRAGMA defer_foreign_keys = ON"))
+        await uow.session.execute(
+            sa.text(
+                "INSERT INTO sessions (id, agent_id, next_seq, created_at, updated_at, meta) VALUES "
+                "('0' , 'nobody', 1, '2026-01-01 00:00:00.000000', '2026-01-01 00:00:00.000000', '{}')"
+            )
+        )
+        return
+    await uow.session.execute(
+        sa.text(
+            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'refused at commit' USING ERRCODE = '23514'; END $$"
+        )
+    )
+    await uow.session.execute(
+        sa.text(
+            "CREATE CONSTRAINT TRIGGER refuse AFTER UPDATE ON agents DEFERRABLE INITIALLY DEFERRED "
+            "FOR EACH ROW EXECUTE FUNCTION refuse()"
+        )
+    )
+
+
+async def test_leaving_a_unit_of_work_whose_commit_failed_rolls_back_and_raises(
+    db: Database, store: Store
+) -> None:
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create("steady", system="before")
+    with pytest.raises(DatabaseError, match="failed"):  # noqa: PT012
+        async with db.unit_of_work() as uow:
+            await _commit_will_fail(uow, store)
+            await uow.agents.update(agent.id, system="after")
+            with pytest.raises(MemormError):
+                await uow.commit()
+            # The caller carries on and leaves the block normally: no second COMMIT, no raw error.
+    assert db.engine.pool.checkedout() == 0
+    async with db.unit_of_work(read_only=True) as uow:
+        assert (await uow.agents.get(agent.id)).system == "before"
+        assert await uow.session.scalar(sa.text("SELECT count(*) FROM sessions")) == 0
