@@ -165,7 +165,10 @@ CASES: dict[str, tuple[Corrupt, str]] = {
         "is not after the previous row",
     ),
     "bool for an integer": (lambda r, _: _row(r, "agents", 0, version=True), "agents.version"),
-    "integer past its column": (lambda r, _: _row(r, "messages", 2, token_count=2**40), "does not fit"),
+    "integer past its column": (
+        lambda r, _: _row(r, "messages", 2, token_count=2**40),
+        "expected an integer from",
+    ),
     "tool_calls not a list of dicts": (
         lambda r, _: _row(r, "messages", 2, tool_calls={"id": 1}),
         "tool_calls",

@@ -36,9 +36,7 @@ Rule = Callable[[Any, str], object]
 
 def _fits(bits: int) -> Rule:
     def check(value: Any, name: str) -> None:
-        check_int(value, name)
-        if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
-            raise ValidationError(f"{name}: {value} does not fit in {bits} bits")
+        check_int(value, name, minimum=-(2 ** (bits - 1)), maximum=2 ** (bits - 1) - 1)
 
     return check
 
