@@ -26,6 +26,7 @@ import contextlib
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+import anyio
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from memorm.concurrency import CrossLoopLock, protect
@@ -103,7 +104,12 @@ class UnitOfWork:
             return
         try:
             if not self.read_only:  # a read-only unit of work has no transaction to end
-                await self._commit()
+                # An anyio cancellation waits until the COMMIT is through, so a caller
+                # leaving a cancelled scope knows this unit of work committed.  asyncio's
+                # own cancellation cannot be held off this cheaply: a COMMIT it cuts
+                # short leaves the unit of work committed whole or not at all.
+                with anyio.CancelScope(shield=True):
+                    await self._commit()
         except BaseException as error:
             self._interrupted |= not isinstance(error, Exception)
             try:
