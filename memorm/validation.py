@@ -72,6 +72,9 @@ MAX_PAGE = 1000
 MAX_NAME = 512  # characters: 4 bytes each in UTF-8 still fit a Postgres btree entry (~2,700 bytes)
 MAX_DIMENSIONS = 16000
 _FLOAT_ONLY = {float}
+# The longest vector whose distances to any other stay finite in float32, in which
+# pgvector sums (|a - b|^2 <= (2 * length)^2 <= float32's largest value).
+MAX_VECTOR_LENGTH = 9.2e18
 FLOAT32_MAX = 3.4028234663852886e38  # vectors are stored as float32 (pgvector's too)
 _HUGE = 10**40  # integers shown by their size in messages (repr of 10**5000 raises)
 
@@ -265,16 +268,14 @@ def check_limit(limit: object, offset: object = 0, *, maximum: int = MAX_PAGE) -
 
 def check_vector(value: object, field: str = "embedding") -> list[float]:
     """A sequence of 1 to 16,000 finite numbers within float32, as a list of floats."""
-    # The common case, cheaply: a list of floats in range.  NaN and infinity
-    # make the plain sum non-finite (fsum would raise instead), and so do
-    # finite values whose sum overflows; all of them fall through to the checks below.
+    # The common case, cheaply: a list of floats of a storable length.  hypot
+    # (in C, and immune to overflow) is NaN or infinite for NaN and infinities,
+    # which fall through to the checks below.
     if (
         type(value) is list
         and 0 < len(value) <= MAX_DIMENSIONS
         and set(map(type, value)) == _FLOAT_ONLY  # in C, unlike a generator over the items
-        and math.isfinite(sum(value))
-        and min(value) >= -FLOAT32_MAX
-        and max(value) <= FLOAT32_MAX
+        and math.hypot(*value) <= MAX_VECTOR_LENGTH
     ):
         return list(value)
     items: list[Any]
@@ -298,4 +299,9 @@ def check_vector(value: object, field: str = "embedding") -> list[float]:
         raise ValidationError(f"{field}: values must be numbers")
     if not all(-FLOAT32_MAX <= x <= FLOAT32_MAX for x in floats):  # also false for NaN
         raise ValidationError(f"{field}: NaN, infinity and values beyond float32 cannot be stored")
+    if not math.hypot(*floats) <= MAX_VECTOR_LENGTH:
+        raise ValidationError(
+            f"{field}: a vector longer than {MAX_VECTOR_LENGTH:.3g} cannot be stored "
+            "(distances to it would overflow float32, in which pgvector computes them)"
+        )
     return floats

@@ -18,7 +18,7 @@ from archival_reference import assert_matches, reference, scaled_vectors
 from archival_reference import new_agent as _new_agent
 from archival_reference import store_vectors as _store
 
-from memorm import Database
+from memorm import Database, ValidationError
 
 pytestmark = pytest.mark.anyio
 
@@ -187,3 +187,33 @@ async def test_meta_values_match_only_their_own_json_type(db: Database) -> None:
         assert sorted(hit.passage.text for hit in hits) == ["int", "true"]
         hits = await uow.passages.search(agent.id, [1.0, 0.0], k=100, where={"v": {"$in": [1.0, "0"]}})
         assert [hit.passage.text for hit in hits] == ["int"]
+
+
+@pytest.mark.parametrize("metric", ["cosine", "l2", "inner_product"])
+async def test_the_longest_storable_vectors_rank_alike_on_both_engines_without_warnings(
+    db: Database, metric: str
+) -> None:
+    import warnings
+
+    top = 6.0e18  # rows of length ~8.5e18, just under MAX_VECTOR_LENGTH: float32 sums stay finite
+    vectors = [[top, top, 0.0], [top, 0.0, top], [0.0, top, top], [-top, -top, 0.0]]
+    query = [top, top * 0.9, 0.0]
+    async with db.unit_of_work() as uow:
+        agent = (await uow.agents.create(f"long-{metric}")).id
+        stored = [(await uow.passages.add(agent, f"p{i}", v)).id for i, v in enumerate(vectors)]
+    expected = reference(np.array(vectors), stored, np.array(query), metric, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an overflow in numpy would warn (and log in a server)
+        async with db.unit_of_work(read_only=True) as uow:
+            hits = await uow.passages.search(agent, query, k=4, metric=metric)
+    assert [hit.passage.id for hit in hits] == [passage_id for passage_id, _ in expected]
+
+
+@pytest.mark.parametrize("vector", [[7.0e18, 7.0e18, 0.0], [3.0e38, 0.0, 0.0]], ids=["9.9e18", "3e38"])
+async def test_vectors_too_long_for_float32_distances_are_refused(db: Database, vector: list[float]) -> None:
+    async with db.unit_of_work() as uow:
+        agent = (await uow.agents.create("too-long")).id
+        with pytest.raises(ValidationError, match="longer than"):
+            await uow.passages.add(agent, "p", vector)
+        with pytest.raises(ValidationError, match="longer than"):
+            await uow.passages.search(agent, vector, k=1)
