@@ -55,6 +55,11 @@ metadata = sa.MetaData(
         "pk": "pk_%(table_name)s",
     }
 )
+"""The SQLAlchemy `MetaData` of memorm's tables (alembic's `target_metadata`).
+
+Its naming convention keeps constraint and index names stable across engines
+and migrations.
+"""
 
 
 class MemormModel(SQLModel, registry=registry(metadata=metadata)):
