@@ -1,16 +1,18 @@
 """memorm: an async, migration-managed database for LLM agents' memory.
 
 One API over SQLite (aiosqlite, the embedded default) and Postgres (asyncpg,
-jsonb, full-text search, pgvector)::
+jsonb, full-text search, pgvector):
 
-    from memorm import Database, Message
+```python
+from memorm import Database, Message
 
-    async with Database() as db:
-        await db.upgrade()
-        async with db.unit_of_work() as uow:
-            agent = await uow.agents.create("sam", system="You are Sam.")
-            chat = await uow.sessions.create(agent.id)
-            await uow.messages.append(chat.id, [Message(role="user", content="hi")])
+async with Database() as db:
+    await db.upgrade()
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create("sam", system="You are Sam.")
+        chat = await uow.sessions.create(agent.id)
+        await uow.messages.append(chat.id, [Message(role="user", content="hi")])
+```
 """
 
 from importlib import import_module

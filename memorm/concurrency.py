@@ -1,17 +1,17 @@
 """Cancellation and locking that hold across event loops and threads.
 
-A server cancels work in three ways (``asyncio.wait_for`` and
-``asyncio.timeout``, ``task.cancel()``, anyio cancel scopes) and calls memorm
-from more than one event loop (``asyncio.run`` in worker threads, as
-FastAPI's ``def`` endpoints and ``Runner.run_sync`` do).  Two primitives make
+A server cancels work in three ways (`asyncio.wait_for` and
+`asyncio.timeout`, `task.cancel()`, anyio cancel scopes) and calls memorm
+from more than one event loop (`asyncio.run` in worker threads, as
+FastAPI's `def` endpoints and `Runner.run_sync` do).  Two primitives make
 the rest of memorm indifferent to both:
 
-* :func:`protect` runs an awaitable to its end whatever cancellation arrives
+* `protect` runs an awaitable to its end whatever cancellation arrives
   meanwhile, then delivers the cancellation.  The unit of work opens and
   closes its connection under it, so a connection is never abandoned halfway
-  through a checkout, a ``BEGIN`` or a ``ROLLBACK``.
-* :class:`CrossLoopLock` is a first-come-first-served lock that tasks of any
-  loop in any thread can wait on (``asyncio.Lock`` and ``anyio.Lock`` belong
+  through a checkout, a `BEGIN` or a `ROLLBACK`.
+* `CrossLoopLock` is a first-come-first-served lock that tasks of any
+  loop in any thread can wait on (`asyncio.Lock` and `anyio.Lock` belong
   to one loop: a waiter from another is never woken).
 """
 
@@ -32,13 +32,13 @@ T = TypeVar("T")
 
 
 async def protect(awaitable: Awaitable[T]) -> T:
-    """Await ``awaitable`` to completion even if the caller is cancelled meanwhile.
+    """Await `awaitable` to completion even if the caller is cancelled meanwhile.
 
     The work runs in a task of its own, which no cancellation of the caller
     reaches (neither anyio's, held off by a shielded scope, nor asyncio's,
-    held off by ``asyncio.shield``).  When the caller was cancelled
+    held off by `asyncio.shield`).  When the caller was cancelled
     meanwhile, the cancellation is raised once the work is done, even if the
-    work failed (the failure is its ``__cause__``); an anyio cancellation is
+    work failed (the failure is its `__cause__`); an anyio cancellation is
     delivered at the caller's next checkpoint, as usual.
     """
     task = asyncio.ensure_future(awaitable)
@@ -70,11 +70,11 @@ async def protect(awaitable: Awaitable[T]) -> T:
 class CrossLoopLock:
     """A fair (FIFO) lock for tasks on any event loop, in any thread.
 
-    The state sits behind a ``threading.Lock`` held only for a few
+    The state sits behind a `threading.Lock` held only for a few
     instructions; waiters wait on a future of their own loop, which
-    :meth:`release` completes through that loop's ``call_soon_threadsafe``.
+    `release` completes through that loop's `call_soon_threadsafe`.
     Ownership passes straight to the next waiter, so a newcomer cannot barge
-    ahead of a waiter that is being woken.  Use it as ``async with lock:``.
+    ahead of a waiter that is being woken.  Use it as `async with lock:`.
     """
 
     def __init__(self) -> None:

@@ -1,4 +1,4 @@
-"""Where memorm finds its database: an argument, ``MEMORM_DATABASE_URL``, or a file."""
+"""Where memorm finds its database: an argument, `MEMORM_DATABASE_URL`, or a file."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ _DRIVERS = {
 
 
 def resolve_url(url: str | URL | None = None) -> URL:
-    """The async URL to use: ``url``, else ``MEMORM_DATABASE_URL``, else :data:`DEFAULT_URL`.
+    """The async URL to use: `url`, else `MEMORM_DATABASE_URL`, else `DEFAULT_URL`.
 
-    ``sqlite:///x.db`` and ``postgresql://…`` are mapped to aiosqlite and asyncpg.
+    `sqlite:///x.db` and `postgresql://…` are mapped to aiosqlite and asyncpg.
     """
     raw = url if url is not None else os.environ.get("MEMORM_DATABASE_URL") or DEFAULT_URL
     try:

@@ -1,17 +1,17 @@
-"""``Database``: one engine and connection pool, shared by every unit of work.
+"""`Database`: one engine and connection pool, shared by every unit of work.
 
 Per-dialect connection setup lives here and nowhere else:
 
-* SQLite: WAL journal, ``foreign_keys=ON``, a busy timeout, and transactions
-  that really begin.  Writing units of work open with ``BEGIN IMMEDIATE``, so
+* SQLite: WAL journal, `foreign_keys=ON`, a busy timeout, and transactions
+  that really begin.  Writing units of work open with `BEGIN IMMEDIATE`, so
   concurrent writers queue for the write lock instead of failing with
   "database is locked" when a read lock cannot be upgraded.
 * Postgres: asyncpg with a shared pool, and pgvector's binary
   codec registered on each new connection.
 
-A ``Database`` is safe from any event loop and any thread: each loop that
-uses it gets an engine (a connection pool) of its own (:mod:`memorm.engines`),
-and SQLite writers of every loop queue on one :class:`~memorm.concurrency.CrossLoopLock`.
+A `Database` is safe from any event loop and any thread: each loop that
+uses it gets an engine (a connection pool) of its own (`memorm.engines`),
+and SQLite writers of every loop queue on one `CrossLoopLock`.
 """
 
 from __future__ import annotations
@@ -51,20 +51,21 @@ class Database:
     """An async database for agents' memory.
 
     Args:
-        url: ``sqlite+aiosqlite:///file.db`` or ``postgresql+asyncpg://…`` (plain
-            ``sqlite:///`` and ``postgresql://`` are mapped to those drivers).
-            Defaults to ``MEMORM_DATABASE_URL``, else ``sqlite+aiosqlite:///memorm.db``.
-        token_counter: estimates ``token_count`` for messages stored without
-            one (default :func:`memorm.tokens.estimate_tokens`).
-        **engine_options: passed to SQLAlchemy's ``create_async_engine``
-            (``pool_size``, ``max_overflow``, ``connect_args``, ``echo``…).
+        url: `sqlite+aiosqlite:///file.db` or `postgresql+asyncpg://…` (plain
+            `sqlite:///` and `postgresql://` are mapped to those drivers).
+            Defaults to `MEMORM_DATABASE_URL`, else `sqlite+aiosqlite:///memorm.db`.
+        token_counter: estimates `token_count` for messages stored without
+            one (default [`memorm.tokens.estimate_tokens`][memorm.tokens.estimate_tokens]).
+        **engine_options: passed to SQLAlchemy's `create_async_engine`
+            (`pool_size`, `max_overflow`, `connect_args`, `echo`…).
 
-    Example::
-
+    Example:
+        ```python
         async with Database("sqlite:///agents.db") as db:
             await db.upgrade()
             async with db.unit_of_work() as uow:
                 agent = await uow.agents.create("sam")
+        ```
     """
 
     def __init__(
@@ -128,7 +129,7 @@ class Database:
 
     @property
     def dialect(self) -> str:
-        """``"sqlite"`` or ``"postgresql"``."""
+        """`"sqlite"` or `"postgresql"`."""
         return self._dialect
 
     def __repr__(self) -> str:
@@ -146,9 +147,9 @@ class Database:
         await self.dispose()
 
     def clone(self, **engine_options: Any) -> Database:
-        """A new ``Database`` on the same URL, token counter and engine options (``engine_options`` override).
+        """A new `Database` on the same URL, token counter and engine options (`engine_options` override).
 
-        A ``Database`` already serves every event loop and thread (each loop
+        A `Database` already serves every event loop and thread (each loop
         gets its own pool); a clone is for separate pool settings, or a
         separate vector cache and SQLite writer queue.
         """
@@ -159,7 +160,7 @@ class Database:
     async def dispose(self) -> None:
         """Close every pooled connection, of every event loop's engine.
 
-        The ``Database`` stays usable: the next unit of work opens new connections.
+        The `Database` stays usable: the next unit of work opens new connections.
         """
         await self.engines.dispose()
 
@@ -168,10 +169,10 @@ class Database:
         await self.engines.dispose_current()
 
     def unit_of_work(self, *, read_only: bool = False) -> UnitOfWork:
-        """A new :class:`~memorm.uow.UnitOfWork` (use it with ``async with``).
+        """A new [`UnitOfWork`][memorm.uow.UnitOfWork] (use it with `async with`).
 
-        ``read_only=True`` promises the unit of work only reads (writes raise
-        ``ValidationError``): it runs without a transaction, each statement
+        `read_only=True` promises the unit of work only reads (writes raise
+        `ValidationError`): it runs without a transaction, each statement
         seeing the latest commit, and on SQLite beside a writer instead of
         queueing for the write lock.
         """
@@ -180,19 +181,19 @@ class Database:
         return UnitOfWork(self, read_only=read_only)
 
     async def scrub(self, *, reindex: bool = False) -> None:
-        """Clear what the database files still hold of deleted rows (after purges or ``forget``).
+        """Clear what the database files still hold of deleted rows (after purges or `forget`).
 
         Deleted rows are gone for every query as soon as their unit of work
         commits; their bytes can linger.  On SQLite (where deletes zero the
-        freed space, ``secure_delete``) this merges both full-text indexes,
+        freed space, `secure_delete`) this merges both full-text indexes,
         whose older segments still list deleted words, then checkpoints and
         truncates the write-ahead log, which holds old page images.  On
-        Postgres it runs ``VACUUM`` on memorm's tables with index cleanup
+        Postgres it runs `VACUUM` on memorm's tables with index cleanup
         forced (by default Postgres skips it when few pages changed, as when
         one person is forgotten), removing dead row versions and their index
         entries (full-text GIN, HNSW vectors).  A GIN index keeps the words
-        themselves as keys with no rows; ``reindex=True`` rebuilds both
-        full-text indexes (``REINDEX CONCURRENTLY``: writes go on, but it
+        themselves as keys with no rows; `reindex=True` rebuilds both
+        full-text indexes (`REINDEX CONCURRENTLY`: writes go on, but it
         reads the whole table) so not even the words remain.  Backups and
         archived WAL are out of its reach (docs/retention.md).
         """
@@ -223,7 +224,7 @@ class Database:
     async def create_all(self) -> None:
         """Create the schema from the models and stamp it at head (for throwaway databases).
 
-        Real deployments use :meth:`upgrade`, which runs the migrations.
+        Real deployments use [`upgrade`][memorm.db.Database.upgrade], which runs the migrations.
         """
         from memorm.migrate import create_all
 
@@ -231,14 +232,14 @@ class Database:
         self._schema_ok = True
 
     async def upgrade(self, revision: str = "head") -> None:
-        """Migrate the schema to ``revision`` (alembic ``upgrade``)."""
+        """Migrate the schema to `revision` (alembic `upgrade`)."""
         from memorm.migrate import upgrade
 
         await upgrade(self, revision)
         self._schema_ok = False
 
     async def downgrade(self, revision: str) -> None:
-        """Migrate the schema down to ``revision`` (alembic ``downgrade``)."""
+        """Migrate the schema down to `revision` (alembic `downgrade`)."""
         from memorm.migrate import downgrade
 
         await downgrade(self, revision)
@@ -251,9 +252,9 @@ class Database:
         return await current_revision(self)
 
     async def check_schema(self) -> None:
-        """Raise :class:`SchemaError` unless the schema is at the head revision.
+        """Raise [`SchemaError`][memorm.errors.SchemaError] unless the schema is at the head revision.
 
-        Runs once per ``Database``; units of work call it before their first statement.
+        Runs once per `Database`; units of work call it before their first statement.
         """
         if self._schema_ok:
             return

@@ -1,9 +1,9 @@
-"""``memorm demo``: a tour of what memorm stores and answers, on the SQLite default.
+"""`memorm demo`: a tour of what memorm stores and answers, on the SQLite default.
 
 Idempotent: each run adds a session ("demo run N") to the same agent, and the
 archival facts are stored once; output that spans sessions says which
 session each line comes from.  Needs no network: embeddings come from
-:class:`~memorm.embeddings.HashingEmbedder`, a word-hashing stand-in for an
+[`HashingEmbedder`][memorm.embeddings.HashingEmbedder], a word-hashing stand-in for an
 embedding model, so the archival queries share words with the facts they
 should find.
 """
@@ -83,7 +83,7 @@ async def _session_title(uow: UnitOfWork, session_id: uuid.UUID) -> str:
 
 
 async def run_demo(db: Database) -> None:
-    """Upgrade ``db``'s schema, hold a scripted chat, store archival facts, and show what memorm answers."""
+    """Upgrade `db`'s schema, hold a scripted chat, store archival facts, and show what memorm answers."""
     embedder = HashingEmbedder(dim=256)
     print(f"memorm demo on {db.url.render_as_string(hide_password=True)} ({db.dialect})")
     await db.upgrade()

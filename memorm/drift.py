@@ -1,8 +1,8 @@
 """Schema drift: what alembic's autogenerate finds between the models and a live database, in words.
 
-:func:`memorm.migrate.check_drift` runs the comparison; this module decides
-what is compared (:func:`include_name`) and describes each difference
-(:func:`describe`) as one line naming the table, column, index or constraint.
+[`memorm.migrate.check_drift`][memorm.migrate.check_drift] runs the comparison; this module decides
+what is compared (`include_name`) and describes each difference
+(`describe`) as one line naming the table, column, index or constraint.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def include_name(name: str | None, type_: str, parent_names: Any) -> bool:
     """The migrations' filter, plus what a live database legitimately holds beyond the models.
 
     Tables of other applications sharing the database are not memorm's
-    business, and the HNSW indexes ``ensure_index`` builds on demand are
+    business, and the HNSW indexes `ensure_index` builds on demand are
     expected; neither counts as drift.
     """
     if not migrations_include_name(name, type_, parent_names):
@@ -52,7 +52,7 @@ _KINDS = {"index": "index", "constraint": "constraint", "fk": "foreign key"}
 
 
 def describe(diff: Any) -> str:
-    """One line for one entry of ``alembic.autogenerate.compare_metadata``'s result."""
+    """One line for one entry of `alembic.autogenerate.compare_metadata`'s result."""
     if isinstance(diff, list):  # column modifications come grouped per column
         return "; ".join(describe(item) for item in diff)
     op = diff[0]
@@ -80,5 +80,5 @@ def describe(diff: Any) -> str:
 
 
 def describe_all(diffs: Iterable[Any]) -> list[str]:
-    """:func:`describe` each difference."""
+    """`describe` each difference."""
     return [describe(diff) for diff in diffs]

@@ -1,17 +1,17 @@
 """Statements that go to the driver directly, on the hot paths.
 
 **Bulk inserts.** SQLAlchemy's executemany costs about 1.3x the raw driver's
-and the ORM's ``add_all`` about 5x, so batches skip both:
+and the ORM's `add_all` about 5x, so batches skip both:
 
-* SQLite: the aiosqlite connection's own ``executemany`` with one INSERT.
-* Postgres: ``COPY … FROM STDIN (FORMAT binary)`` through asyncpg's
-  ``copy_records_to_table``, several times faster than multi-row INSERTs,
-  for batches of :data:`COPY_THRESHOLD` rows or more; smaller ones use a
-  prepared INSERT (asyncpg's ``executemany``).
+* SQLite: the aiosqlite connection's own `executemany` with one INSERT.
+* Postgres: `COPY … FROM STDIN (FORMAT binary)` through asyncpg's
+  `copy_records_to_table`, several times faster than multi-row INSERTs,
+  for batches of `COPY_THRESHOLD` rows or more; smaller ones use a
+  prepared INSERT (asyncpg's `executemany`).
 
-**Fetches on SQLite** (:func:`fetch`).  SQLAlchemy's aiosqlite adapter makes
+**Fetches on SQLite** (`fetch`).  SQLAlchemy's aiosqlite adapter makes
 up to four thread hops per statement (cursor, execute, fetchall, close);
-aiosqlite's ``execute_fetchall`` makes one.  For the statements every append
+aiosqlite's `execute_fetchall` makes one.  For the statements every append
 runs, that is most of the latency.  On Postgres, SQLAlchemy already costs one
 round trip per statement, and is used as is.
 
@@ -44,7 +44,7 @@ _UNSET = object()
 async def insert_rows(
     session: AsyncSession, table: sa.Table, columns: Sequence[str], rows: Sequence[Sequence[Any]]
 ) -> None:
-    """Insert ``rows`` (tuples of values in ``columns`` order) into ``table``."""
+    """Insert `rows` (tuples of values in `columns` order) into `table`."""
     if not rows:
         return
     check_writable(session)
@@ -62,9 +62,9 @@ async def insert_rows(
 
 @lru_cache(maxsize=256)
 def _with_derived(table: sa.Table, names: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """``names`` plus the derived columns they lack, and where each one's source is in a row.
+    """`names` plus the derived columns they lack, and where each one's source is in a row.
 
-    A derived column (``info["derived_from"]``, the full-text search words)
+    A derived column (`info["derived_from"]`, the full-text search words)
     takes its source column's value, which its type turns into the stored form.
     """
     derived = [
@@ -81,12 +81,12 @@ def _convert(
     """Rows of Python values -> rows of driver values, by each column's bind processor.
 
     A batch repeats itself: every row shares its session and agent ids and its
-    timestamps, and most have empty ``meta``.  A value that is the very object
+    timestamps, and most have empty `meta`.  A value that is the very object
     the previous row had reuses its converted form, and an empty dict converts
     once; that cuts conversion 4-6x on 10,000-row batches.
 
-    ``sources``: where in the row each derived column's source value is; the
-    derived values follow the row's own (see :func:`_with_derived`).
+    `sources`: where in the row each derived column's source value is; the
+    derived values follow the row's own (see `_with_derived`).
     """
     width = len(processors)
     last_in: list[Any] = [_UNSET] * width
@@ -130,7 +130,7 @@ def _insert_sql(dialect: Dialect, table: sa.Table, names: tuple[str, ...]) -> st
 
 
 async def fetch(session: AsyncSession, statement: Any, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-    """Run ``statement`` (a module-level constant with named bind parameters); its rows.
+    """Run `statement` (a module-level constant with named bind parameters); its rows.
 
     The statement is compiled once per dialect and cached, so it must not be
     built anew per call.
@@ -175,7 +175,7 @@ async def interrupt(driver: Any) -> None:
     """Stop a statement still running on a connection that is being abandoned.
 
     aiosqlite runs statements in a thread that cancelling the task cannot
-    stop; ``sqlite3_interrupt`` can, from any thread.  asyncpg has already
+    stop; `sqlite3_interrupt` can, from any thread.  asyncpg has already
     asked the server to cancel the statement (a CancelRequest) when its task
     was cancelled.
     """

@@ -1,8 +1,8 @@
 """Embedders: text -> vectors, for the layers that embed on the caller's behalf.
 
-Anything with ``model``, ``dim`` and ``async embed(texts)`` is an
-:class:`Embedder` — wrap OpenAI, sentence-transformers or your own service.
-:class:`HashingEmbedder` needs nothing: it is deterministic and offline, for
+Anything with `model`, `dim` and `async embed(texts)` is an
+[`Embedder`][memorm.embeddings.Embedder] — wrap OpenAI, sentence-transformers or your own service.
+[`HashingEmbedder`][memorm.embeddings.HashingEmbedder] needs nothing: it is deterministic and offline, for
 tests, demos and keyword-ish similarity.
 """
 
@@ -26,7 +26,7 @@ class Embedder(Protocol):
     dim: int
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        """One vector of ``dim`` floats per text, in order."""
+        """One vector of `dim` floats per text, in order."""
         ...
 
 
@@ -34,16 +34,17 @@ _TOKEN = re.compile(r"[^\W_]+")
 
 
 class HashingEmbedder:
-    """Feature hashing of words (and word pairs) into ``dim`` buckets, L2-normalised.
+    """Feature hashing of words (and word pairs) into `dim` buckets, L2-normalised.
 
     Texts sharing words get similar vectors, so cosine search finds passages
     that use the query's words; it knows nothing of synonyms.  Deterministic
-    across processes and machines (BLAKE2b, not Python's salted ``hash``).
+    across processes and machines (BLAKE2b, not Python's salted `hash`).
 
-    Example::
-
+    Example:
+        ```python
         embedder = HashingEmbedder(dim=384)
         [vector] = await embedder.embed(["the cat sat"])
+        ```
     """
 
     def __init__(self, dim: int = 384, *, model: str | None = None) -> None:
@@ -68,5 +69,5 @@ class HashingEmbedder:
         return [x / norm for x in vector]
 
     async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        """Vectors of ``texts``."""
+        """Vectors of `texts`."""
         return [self.embed_one(text) for text in texts]

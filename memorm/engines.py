@@ -1,21 +1,21 @@
-"""One engine (one connection pool) per event loop, for one ``Database``.
+"""One engine (one connection pool) per event loop, for one `Database`.
 
 A pooled connection belongs to the event loop that opened it: asyncpg's
 transport and SQLAlchemy's pool queue are bound to that loop, and using them
 from another one fails ("attached to a different loop", "another operation is
 in progress") or worse.  Yet a server calls memorm from several loops: its own,
-and the short-lived ones that ``asyncio.run`` starts in worker threads
-(FastAPI's ``def`` endpoints, the Agents SDK's ``Runner.run_sync``).  So each
-loop that uses a ``Database`` gets an engine of its own.
+and the short-lived ones that `asyncio.run` starts in worker threads
+(FastAPI's `def` endpoints, the Agents SDK's `Runner.run_sync`).  So each
+loop that uses a `Database` gets an engine of its own.
 
-When a loop shuts down (``asyncio.run``, ``asyncio.Runner``, anyio and most
-servers end with ``loop.shutdown_asyncgens()``), its engine's connections are
+When a loop shuts down (`asyncio.run`, `asyncio.Runner`, anyio and most
+servers end with `loop.shutdown_asyncgens()`), its engine's connections are
 closed on that loop: a watcher, an async generator started on the loop, does
-it from its ``finally`` block.  The emptied engine is kept for the next loop,
+it from its `finally` block.  The emptied engine is kept for the next loop,
 which so skips the engine's set-up (the dialect's first-connect queries), as
 SQLAlchemy allows for an engine disposed before it moves to another loop.  A
 loop that ends without that step leaves its connections to
-:meth:`Engines.dispose`.
+`Engines.dispose`.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class LoopEngine:
     variants: dict[Any, AsyncEngine] = field(default_factory=dict)
 
     def with_options(self, key: Any, options: dict[str, Any]) -> AsyncEngine:
-        """This engine with execution ``options`` (made once per ``key``; it shares the pool)."""
+        """This engine with execution `options` (made once per `key`; it shares the pool)."""
         found = self.variants.get(key)
         if found is None:
             found = self.variants[key] = self.engine.execution_options(**options)
@@ -78,7 +78,7 @@ class LoopEngine:
 
 
 class Engines:
-    """The engines of one ``Database``, one per event loop, made by ``make``."""
+    """The engines of one `Database`, one per event loop, made by `make`."""
 
     def __init__(self, make: Callable[[], AsyncEngine], *, single_loop: bool = False) -> None:
         self._make = make
@@ -208,7 +208,7 @@ class Engines:
 
 
 def _start(watcher: AsyncGenerator[None, None]) -> None:
-    """Run ``watcher`` to its first ``yield``, registering it with the running loop's asyncgen hooks."""
+    """Run `watcher` to its first `yield`, registering it with the running loop's asyncgen hooks."""
     step = watcher.asend(None)
     with contextlib.suppress(StopIteration):
         step.send(None)

@@ -1,8 +1,8 @@
 """The exceptions memorm raises.
 
-Every error that crosses memorm's public API is a :class:`MemormError`; errors
+Every error that crosses memorm's public API is a [`MemormError`][memorm.errors.MemormError]; errors
 from the database driver are translated into these in one place
-(:mod:`memorm.translate`), with the original kept as ``__cause__``.
+(`memorm.translate`), with the original kept as `__cause__`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class NotFoundError(MemormError, LookupError):
 
 
 class ConflictError(MemormError):
-    """A write lost a race: a stale ``expected_version`` or a unique key taken."""
+    """A write lost a race: a stale `expected_version` or a unique key taken."""
 
 
 class ValidationError(MemormError, ValueError):

@@ -2,7 +2,7 @@
 
 Ids made in one process sort by creation: the 48-bit millisecond timestamp
 leads, and a 12-bit counter (seeded randomly each millisecond) orders ids made
-within the same millisecond.  Python 3.14 ships ``uuid.uuid7``; we support 3.10.
+within the same millisecond.  Python 3.14 ships `uuid.uuid7`; we support 3.10.
 """
 
 from __future__ import annotations

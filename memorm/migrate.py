@@ -1,7 +1,7 @@
-"""Alembic, driven programmatically and from ``migrations/env.py``.
+"""Alembic, driven programmatically and from `migrations/env.py`.
 
-Both paths run migrations through :func:`run_sync_on`, which opens one
-connection of a :class:`~memorm.db.Database` (so SQLite gets its pragmas and
+Both paths run migrations through `run_sync_on`, which opens one
+connection of a [`Database`][memorm.db.Database] (so SQLite gets its pragmas and
 Postgres its pgvector codec) and runs alembic inside one transaction.  On
 SQLite, foreign keys are switched off for the migration: batch migrations
 rebuild tables, and dropping the old copy with foreign keys on would cascade
@@ -45,7 +45,7 @@ T = TypeVar("T")
 
 
 def script_location() -> Path:
-    """The ``migrations`` folder: inside the installed package, or beside it in a checkout."""
+    """The `migrations` folder: inside the installed package, or beside it in a checkout."""
     package = Path(__file__).resolve().parent
     for candidate in (package / "migrations", package.parent / "migrations"):
         if (candidate / "env.py").is_file():
@@ -54,7 +54,7 @@ def script_location() -> Path:
 
 
 def alembic_config(url: str | None = None, *, connection: Connection | None = None) -> Config:
-    """An alembic ``Config`` for memorm's migrations (no ini file needed)."""
+    """An alembic `Config` for memorm's migrations (no ini file needed)."""
     config = Config()
     config.set_main_option("script_location", str(script_location()))
     if url is not None:
@@ -74,7 +74,7 @@ def head_revision() -> str:
 
 
 async def run_sync_on(db: Database, fn: Callable[[Connection], T]) -> T:
-    """Run ``fn(connection)`` in one migration transaction, then reset the pool.
+    """Run `fn(connection)` in one migration transaction, then reset the pool.
 
     The pool is disposed afterwards so that every new connection sees the new
     schema (and on Postgres registers pgvector's codec, which a migration may
@@ -100,12 +100,12 @@ async def run_sync_on(db: Database, fn: Callable[[Connection], T]) -> T:
 
 
 async def upgrade(db: Database, revision: str = "head") -> None:
-    """``alembic upgrade revision`` on ``db``."""
+    """`alembic upgrade revision` on `db`."""
     await run_sync_on(db, lambda c: command.upgrade(alembic_config(connection=c), revision))
 
 
 async def downgrade(db: Database, revision: str) -> None:
-    """``alembic downgrade revision`` on ``db``."""
+    """`alembic downgrade revision` on `db`."""
     await run_sync_on(db, lambda c: command.downgrade(alembic_config(connection=c), revision))
 
 
@@ -134,18 +134,22 @@ async def current_revision(db: Database) -> str | None:
 async def check_drift(db: Database) -> list[str]:
     """How the live schema differs from memorm's models, one line per difference (empty: none).
 
-    Raises :class:`~memorm.errors.SchemaError` (naming ``memorm db upgrade``)
-    when the schema is not at the head revision: a schema behind head differs
-    by design, and upgrading is the fix.  Otherwise alembic's autogenerate
-    compares the models with the database (``compare_type=True``), ignoring
-    the full-text objects, tables of other applications and the HNSW indexes
-    built at run time (:func:`memorm.drift.include_name`).
+    Alembic's autogenerate compares the models with the database
+    (`compare_type=True`), ignoring the full-text objects, tables of other
+    applications and the HNSW indexes built at run time
+    (`memorm.drift.include_name`).
 
-    Example::
+    Raises:
+        SchemaError: the schema is not at the head revision (the message names
+            `memorm db upgrade`): a schema behind head differs by design, and
+            upgrading is the fix.
 
+    Example:
+        ```python
         async with Database(url) as db:
             for difference in await check_drift(db):
                 print(difference)
+        ```
     """
     from alembic.autogenerate import compare_metadata
 
@@ -183,11 +187,11 @@ def _configure(context: EnvironmentContext, **options: Any) -> None:
 
 
 def run_env(context: EnvironmentContext) -> None:
-    """The body of ``migrations/env.py``.
+    """The body of `migrations/env.py`.
 
-    With a connection in ``config.attributes`` (the programmatic path) it
-    migrates on that; otherwise it opens a :class:`Database` on the URL given by
-    ``-x url=…``, ``sqlalchemy.url``, ``MEMORM_DATABASE_URL`` or the default.
+    With a connection in `config.attributes` (the programmatic path) it
+    migrates on that; otherwise it opens a [`Database`][memorm.db.Database] on the URL given by
+    `-x url=…`, `sqlalchemy.url`, `MEMORM_DATABASE_URL` or the default.
     """
     config = context.config
     url = context.get_x_argument(as_dictionary=True).get("url") or config.get_main_option("sqlalchemy.url")

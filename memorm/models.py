@@ -1,8 +1,8 @@
 """The four tables: Agent, Session, Message, ArchivalPassage.
 
-One metadata object (:data:`metadata`, with a naming convention so constraint
+One metadata object ([`metadata`][memorm.models.metadata], with a naming convention so constraint
 names are stable across engines and migrations) serves SQLite and Postgres.
-Every row carries ``agent_id``, directly or through its session, so queries are
+Every row carries `agent_id`, directly or through its session, so queries are
 scoped to one agent and the schema can be sharded by agent.
 
 Timestamps are set by the application in UTC, never by a server default, and
@@ -55,6 +55,11 @@ metadata = sa.MetaData(
         "pk": "pk_%(table_name)s",
     }
 )
+"""The SQLAlchemy `MetaData` of memorm's tables (alembic's `target_metadata`).
+
+Its naming convention keeps constraint and index names stable across engines
+and migrations.
+"""
 
 
 class MemormModel(SQLModel, registry=registry(metadata=metadata)):
@@ -62,7 +67,7 @@ class MemormModel(SQLModel, registry=registry(metadata=metadata)):
 
 
 class _Row(MemormModel):
-    """Columns every table has: a UUIDv7 id, UTC timestamps and a JSON ``meta`` dict."""
+    """Columns every table has: a UUIDv7 id, UTC timestamps and a JSON `meta` dict."""
 
     id: uuid.UUID = Field(default_factory=uuid7, primary_key=True, sa_type=UUIDType)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime, nullable=False)
@@ -210,7 +215,7 @@ _FIELDS = {
 
 
 def fields(table: sa.Table) -> tuple[sa.Column[Any], ...]:
-    """The columns of ``table`` its model holds: every column but derived ones, in order."""
+    """The columns of `table` its model holds: every column but derived ones, in order."""
     return _FIELDS.get(table) or tuple(table.c)
 
 
@@ -218,10 +223,10 @@ M = TypeVar("M", bound=MemormModel)
 
 
 def hydrate(model: type[M], values: dict[str, Any]) -> M:
-    """A ``model`` instance holding ``values``, built the way the ORM loads rows.
+    """A `model` instance holding `values`, built the way the ORM loads rows.
 
-    About 30x cheaper than ``model(**values)``, which runs every default
-    factory and instrumented ``setattr``; for rows memorm has already checked.
+    About 30x cheaper than `model(**values)`, which runs every default
+    factory and instrumented `setattr`; for rows memorm has already checked.
     """
     instance: M = instrumentation.manager_of_class(model).new_instance()
     instance.__dict__.update(values)

@@ -1,4 +1,4 @@
-"""``Page``: one page of a bounded list, with the true total."""
+"""`Page`: one page of a bounded list, with the true total."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Page(Generic[T]):
-    """``items`` of a list of ``total`` rows, starting at ``offset``, at most ``limit`` long."""
+    """`items` of a list of `total` rows, starting at `offset`, at most `limit` long."""
 
     items: list[T] = field(default_factory=list)
     total: int = 0

@@ -8,17 +8,17 @@ __all__ = ["Reporter", "Silent"]
 
 
 class Reporter(Protocol):
-    """Where progress goes (a progress bar in the CLI; :class:`Silent` elsewhere)."""
+    """Where progress goes (a progress bar in the CLI; `Silent` elsewhere)."""
 
     def start(self, task: str, total: int) -> None:
-        """A new task (``"messages"``, ``"verify messages"``…) of ``total`` rows begins."""
+        """A new task (`"messages"`, `"verify messages"`…) of `total` rows begins."""
 
     def advance(self, task: str, rows: int) -> None:
-        """``rows`` more rows of ``task`` are done."""
+        """`rows` more rows of `task` are done."""
 
 
 class Silent:
-    """A :class:`Reporter` that reports nothing."""
+    """A [`Reporter`][memorm.progress.Reporter] that reports nothing."""
 
     def start(self, task: str, total: int) -> None:
         """Ignore the start."""

@@ -1,20 +1,22 @@
 """Retention and forgetting, run in batches: expired sessions, old history, a person's data.
 
-The repository operations (``uow.sessions.purge_expired``,
-``uow.messages.delete_before``, ``uow.passages.delete_before``,
-``uow.agents.forget``) each run in the caller's unit of work: all or nothing,
+The repository operations (`uow.sessions.purge_expired`,
+`uow.messages.delete_before`, `uow.passages.delete_before`,
+`uow.agents.forget`) each run in the caller's unit of work: all or nothing,
 and for as long as they take, one transaction.  The functions here run the
-same deletions for maintenance jobs and the ``memorm purge`` / ``memorm
-forget`` commands, committing every batch, so a purge of millions of rows
+same deletions for maintenance jobs and the `memorm purge` / `memorm
+forget` commands, committing every batch, so a purge of millions of rows
 never holds a lock (SQLite's one writer lock, Postgres row locks and an old
-snapshot) for longer than one batch::
+snapshot) for longer than one batch:
 
-    removed = await purge_expired(db)                         # sessions past expires_at
-    removed = await purge_older_than(db, utcnow() - timedelta(days=30))
-    removed = await forget(db, {"user_id": "u42"})            # then scrubs the files
+```python
+removed = await purge_expired(db)                         # sessions past expires_at
+removed = await purge_older_than(db, utcnow() - timedelta(days=30))
+removed = await forget(db, {"user_id": "u42"})            # then scrubs the files
+```
 
-Each returns :class:`Removed`, the counts of deleted rows; ``dry_run=True``
-counts what would go and deletes nothing.  See ``docs/retention.md``.
+Each returns [`Removed`][memorm.retention.Removed], the counts of deleted rows; `dry_run=True`
+counts what would go and deletes nothing.  See `docs/retention.md`.
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ _AGENT_PAGE = 1000
 
 @dataclass(frozen=True)
 class Removed:
-    """How many rows of each kind a purge or ``forget`` deleted (or, in a dry run, would delete).
+    """How many rows of each kind a purge or `forget` deleted (or, in a dry run, would delete).
 
-    Cascades count: a deleted session's messages are in ``messages``.
+    Cascades count: a deleted session's messages are in `messages`.
     """
 
     agents: int = 0
@@ -61,7 +63,7 @@ class Removed:
         return self.agents + self.sessions + self.messages + self.passages
 
     def as_dict(self) -> dict[str, int]:
-        """``{"agents": …, "sessions": …, "messages": …, "passages": …}``."""
+        """`{"agents": …, "sessions": …, "messages": …, "passages": …}`."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
@@ -96,9 +98,9 @@ async def purge_expired(
     dry_run: bool = False,
     reporter: Reporter | None = None,
 ) -> Removed:
-    """Delete every session whose ``expires_at`` is at or before ``now``, with its messages.
+    """Delete every session whose `expires_at` is at or before `now`, with its messages.
 
-    One unit of work per ``batch`` sessions.  Sessions a concurrent unit of
+    One unit of work per `batch` sessions.  Sessions a concurrent unit of
     work holds locked (Postgres) are skipped and left for the next purge.
     """
     instant = utcnow() if now is None else check_aware(now, "now")
@@ -127,11 +129,11 @@ async def purge_older_than(
     reporter: Reporter | None = None,
     after_expired: datetime | None = None,
 ) -> Removed:
-    """Delete messages and archival passages created before ``cutoff``.
+    """Delete messages and archival passages created before `cutoff`.
 
     Of one agent (its name or id) or of every agent; sessions stay, even when
     emptied (use session expiry to drop sessions).  One unit of work per
-    ``batch`` rows.  ``after_expired``: the ``now`` of a :func:`purge_expired`
+    `batch` rows.  `after_expired`: the `now` of a [`purge_expired`][memorm.retention.purge_expired]
     run just before, whose dry run already counted the messages of sessions
     expired then; this dry run leaves them out, so the two add up.
     """
@@ -175,11 +177,11 @@ async def forget(
     reindex: bool = False,
     reporter: Reporter | None = None,
 ) -> Removed:
-    """Erase every agent, session, message and passage whose ``meta`` matches ``where``.
+    """Erase every agent, session, message and passage whose `meta` matches `where`.
 
     The deletion is one unit of work (a person is forgotten entirely or not at
-    all); then, unless ``scrub=False``, :meth:`Database.scrub` clears what the
-    files still hold of the deleted rows (``reindex=True``: the words in
+    all); then, unless `scrub=False`, [`Database.scrub`][memorm.db.Database.scrub] clears what the
+    files still hold of the deleted rows (`reindex=True`: the words in
     Postgres' full-text index too).
     """
     for flag, field in ((dry_run, "dry_run"), (scrub, "scrub"), (reindex, "reindex")):

@@ -1,21 +1,21 @@
-"""``memorm.testing``: pytest fixtures for testing code that uses memorm.
+"""`memorm.testing`: pytest fixtures for testing code that uses memorm.
 
-Installed with memorm as a pytest plugin (entry point ``pytest11``), so its
+Installed with memorm as a pytest plugin (entry point `pytest11`), so its
 fixtures are there in every test of a project that depends on memorm:
 
-* ``memorm_db``: a fresh, migrated :class:`~memorm.Database` per test: a SQLite
-  file in ``tmp_path``, or with ``--memorm-url URL`` (or ``MEMORM_TEST_URL``) a
+* `memorm_db`: a fresh, migrated [`Database`][memorm.db.Database] per test: a SQLite
+  file in `tmp_path`, or with `--memorm-url URL` (or `MEMORM_TEST_URL`) a
   fresh schema of that Postgres database, dropped after the test.
-* ``memorm_uow``: a unit of work on ``memorm_db``, committed when the test ends.
-* ``make_agent(**kw)``, ``make_session(agent=None, **kw)``,
-  ``add_messages(session, messages)``: async factories returning what they made.
+* `memorm_uow`: a unit of work on `memorm_db`, committed when the test ends.
+* `make_agent(**kw)`, `make_session(agent=None, **kw)`,
+  `add_messages(session, messages)`: async factories returning what they made.
 
-The fixtures are plain ``async def`` fixtures, run by anyio's pytest plugin for
-tests marked ``pytest.mark.anyio`` (with ``anyio_backend`` set to ``"asyncio"``:
-the drivers need asyncio), or by pytest-asyncio in ``asyncio_mode = "auto"``.
+The fixtures are plain `async def` fixtures, run by anyio's pytest plugin for
+tests marked `pytest.mark.anyio` (with `anyio_backend` set to `"asyncio"`:
+the drivers need asyncio), or by pytest-asyncio in `asyncio_mode = "auto"`.
 
-Example::
-
+Example:
+    ```python
     import pytest
 
     pytestmark = pytest.mark.anyio
@@ -26,10 +26,11 @@ Example::
         await add_messages(chat, [{"role": "user", "content": "hi"}])
         async with memorm_db.unit_of_work(read_only=True) as uow:
             assert await uow.messages.count(chat.id) == 1
+    ```
 
 Loading the plugin adds an option and defines fixtures, nothing else: no
 connection is made and asyncpg is not imported until a test asks for
-``memorm_db``.  Disable it with ``-p no:memorm``.
+`memorm_db`.  Disable it with `-p no:memorm`.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ __all__ = [
 ]
 
 URL_ENV = "MEMORM_TEST_URL"
-"""The environment variable naming a Postgres database for ``memorm_db`` (``--memorm-url`` wins)."""
+"""The environment variable naming a Postgres database for `memorm_db` (`--memorm-url` wins)."""
 
 # memorm_uow puts itself here while open, so the factories write through it.
 _OPEN_UOW = pytest.StashKey["UnitOfWork"]()
@@ -69,19 +70,19 @@ T = TypeVar("T")
 
 
 class MakeAgent(Protocol):
-    """``await make_agent(**kw)``: a new agent (``kw`` as for ``uow.agents.create``; ``name`` optional)."""
+    """`await make_agent(**kw)`: a new agent (`kw` as for `uow.agents.create`; `name` optional)."""
 
     async def __call__(self, **kw: Any) -> Agent: ...
 
 
 class MakeSession(Protocol):
-    """``await make_session(agent=None, **kw)``: a new session of ``agent`` (a new agent if None)."""
+    """`await make_session(agent=None, **kw)`: a new session of `agent` (a new agent if None)."""
 
     async def __call__(self, agent: Agent | uuid.UUID | str | None = None, **kw: Any) -> Session: ...
 
 
 class AddMessages(Protocol):
-    """``await add_messages(session, messages)``: the stored messages, with their ``seq``."""
+    """`await add_messages(session, messages)`: the stored messages, with their `seq`."""
 
     async def __call__(
         self, session: Session | uuid.UUID | str, messages: Sequence[Message | Mapping[str, Any]]
@@ -116,7 +117,7 @@ def _postgres_url(config: pytest.Config) -> str | None:
 
 @pytest.fixture
 async def memorm_db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Database]:
-    """A fresh database at memorm's newest schema (``await db.upgrade()``), disposed after the test."""
+    """A fresh database at memorm's newest schema (`await db.upgrade()`), disposed after the test."""
     from memorm import Database
 
     url = _postgres_url(request.config)
@@ -139,11 +140,11 @@ async def memorm_db(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
 
 @pytest.fixture
 async def memorm_uow(request: pytest.FixtureRequest, memorm_db: Database) -> AsyncIterator[UnitOfWork]:
-    """A unit of work on ``memorm_db``, committed when the test ends.
+    """A unit of work on `memorm_db`, committed when the test ends.
 
     On SQLite a writing unit of work holds the database's write lock while
     open: code under test that opens writing units of work of its own should
-    take ``memorm_db`` instead.
+    take `memorm_db` instead.
     """
     import asyncio
 
@@ -173,7 +174,7 @@ async def memorm_uow(request: pytest.FixtureRequest, memorm_db: Database) -> Asy
 
 
 class _Writer:
-    """Runs a factory's write in the test's ``memorm_uow`` if open, else in its own committed one."""
+    """Runs a factory's write in the test's `memorm_uow` if open, else in its own committed one."""
 
     def __init__(self, request: pytest.FixtureRequest, db: Database) -> None:
         self.request = request
@@ -189,9 +190,9 @@ class _Writer:
 
 @pytest.fixture
 def make_agent(request: pytest.FixtureRequest, memorm_db: Database) -> MakeAgent:
-    """An async factory of agents: ``await make_agent(name=…, system=…, core_memory=…)``.
+    """An async factory of agents: `await make_agent(name=…, system=…, core_memory=…)`.
 
-    Factories write through ``memorm_uow`` when the test uses it; otherwise each
+    Factories write through `memorm_uow` when the test uses it; otherwise each
     call commits in a unit of work of its own, so code under test sees the rows.
     """
     writer = _Writer(request, memorm_db)
@@ -205,7 +206,7 @@ def make_agent(request: pytest.FixtureRequest, memorm_db: Database) -> MakeAgent
 
 @pytest.fixture
 def make_session(request: pytest.FixtureRequest, memorm_db: Database, make_agent: MakeAgent) -> MakeSession:
-    """An async factory of sessions: ``await make_session(agent, title=…, key=…)`` (a new agent if none)."""
+    """An async factory of sessions: `await make_session(agent, title=…, key=…)` (a new agent if none)."""
     writer = _Writer(request, memorm_db)
 
     async def make(agent: Agent | uuid.UUID | str | None = None, **kw: Any) -> Session:
@@ -218,7 +219,7 @@ def make_session(request: pytest.FixtureRequest, memorm_db: Database, make_agent
 
 @pytest.fixture
 def add_messages(request: pytest.FixtureRequest, memorm_db: Database) -> AddMessages:
-    """An async helper appending ``Message`` objects or dicts: ``await add_messages(chat, [...])``."""
+    """An async helper appending `Message` objects or dicts: `await add_messages(chat, [...])`."""
     writer = _Writer(request, memorm_db)
 
     async def add(
@@ -245,7 +246,7 @@ _extension_ready: set[str] = set()
 
 @asynccontextmanager
 async def _postgres_schema(url: str) -> AsyncIterator[str]:
-    """A fresh schema in the Postgres database at ``url``, dropped with everything in it afterwards."""
+    """A fresh schema in the Postgres database at `url`, dropped with everything in it afterwards."""
     import asyncpg
 
     dsn = _asyncpg_dsn(url)

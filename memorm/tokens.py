@@ -1,14 +1,16 @@
 """Token counts for the context budget.
 
-memorm stores a ``token_count`` on every message so that
-:meth:`~memorm.repositories.MessageRepository.context` can fit a budget in SQL
+memorm stores a `token_count` on every message so that
+[`context`][memorm.repositories.MessageRepository.context] can fit a budget in SQL
 without reading message bodies.  When the caller gives no count, the
-``Database``'s counter estimates one.  The default, :func:`estimate_tokens`, is
-deliberately cheap and model-agnostic; pass a real tokenizer for exact budgets::
+`Database`'s counter estimates one.  The default, [`estimate_tokens`][memorm.tokens.estimate_tokens], is
+deliberately cheap and model-agnostic; pass a real tokenizer for exact budgets:
 
-    import tiktoken
-    enc = tiktoken.get_encoding("o200k_base")
-    db = Database(token_counter=lambda m: 4 + len(enc.encode(m["content"])))
+```python
+import tiktoken
+enc = tiktoken.get_encoding("o200k_base")
+db = Database(token_counter=lambda m: 4 + len(enc.encode(m["content"])))
+```
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 __all__ = ["MESSAGE_OVERHEAD", "TokenCounter", "estimate_tokens"]
 
 TokenCounter = Callable[[Mapping[str, Any]], int]
-"""Counts a message given as a mapping with ``role``, ``content``, ``name``, ``tool_calls``."""
+"""Counts a message given as a mapping with `role`, `content`, `name`, `tool_calls`."""
 
 MESSAGE_OVERHEAD = 4  # role and framing tokens chat formats add per message
 

@@ -1,8 +1,8 @@
-"""Driver errors -> :mod:`memorm.errors`, in one place.
+"""Driver errors -> [`memorm.errors`][memorm.errors], in one place.
 
 Repositories and the unit of work run every statement inside
-:func:`translating`; whatever the driver raises leaves as a ``MemormError``
-subclass with the original exception as ``__cause__``.  The mapping keys on
+`translating`; whatever the driver raises leaves as a `MemormError`
+subclass with the original exception as `__cause__`.  The mapping keys on
 SQLSTATE codes (Postgres) and on SQLite's stable message prefixes.
 """
 
@@ -137,13 +137,13 @@ def failure(session: AsyncSession) -> MemormError | None:
 
 @asynccontextmanager
 async def guarded(session: AsyncSession, *, recoverable: bool = False) -> AsyncIterator[None]:
-    """:func:`translating`, and the unit of work's record of what went wrong.
+    """`translating`, and the unit of work's record of what went wrong.
 
     A database error fails the unit of work, on both engines alike: Postgres
     aborts the transaction anyway, and on SQLite carrying on could commit half
     a write (a sequence number taken, its message not stored).  Later
     statements then raise, and the unit of work can only roll back.  Writes
-    that may fail on purpose run in a SAVEPOINT and pass ``recoverable=True``.
+    that may fail on purpose run in a SAVEPOINT and pass `recoverable=True`.
 
     A statement interrupted by cancellation (of any kind) fails the unit of
     work too, even if the caller swallows the cancellation: whether the
@@ -169,7 +169,7 @@ async def guarded(session: AsyncSession, *, recoverable: bool = False) -> AsyncI
 
 @contextmanager
 def translating() -> Iterator[None]:
-    """Re-raise driver errors raised inside the block as ``memorm.errors``."""
+    """Re-raise driver errors raised inside the block as `memorm.errors`."""
     try:
         yield
     except Exception as error:

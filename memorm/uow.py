@@ -1,18 +1,18 @@
-"""``UnitOfWork``: one connection, one transaction, all four repositories.
+"""`UnitOfWork`: one connection, one transaction, all four repositories.
 
-::
-
-    async with db.unit_of_work() as uow:      # BEGIN
-        agent = await uow.agents.create("sam")
-        ...                                   # COMMIT on clean exit,
-                                              # ROLLBACK on exception or cancellation
+```python
+async with db.unit_of_work() as uow:      # BEGIN
+    agent = await uow.agents.create("sam")
+    ...                                   # COMMIT on clean exit,
+                                          # ROLLBACK on exception or cancellation
+```
 
 Repositories flush; only the unit of work commits or rolls back.  A unit of
 work belongs to one task: never share one between concurrent tasks.
 
-Opening and closing run under :func:`memorm.concurrency.protect`, so no
-cancellation (``asyncio.wait_for``, ``task.cancel()``, anyio scopes) can cut
-a checkout, a ``BEGIN``, a ``COMMIT`` or a ``ROLLBACK`` in half.  A unit of
+Opening and closing run under `memorm.concurrency.protect`, so no
+cancellation (`asyncio.wait_for`, `task.cancel()`, anyio scopes) can cut
+a checkout, a `BEGIN`, a `COMMIT` or a `ROLLBACK` in half.  A unit of
 work that was cancelled, or whose statement was interrupted, drops its
 connection instead of returning it to the pool: nobody can vouch for what a
 half-run statement left behind, and a new connection costs less than a
@@ -48,14 +48,16 @@ __all__ = ["UnitOfWork"]
 
 
 class UnitOfWork:
-    """A transaction over memorm's repositories; get one from :meth:`Database.unit_of_work`.
+    """A transaction over memorm's repositories.
+
+    Get one from [`Database.unit_of_work`][memorm.db.Database.unit_of_work].
 
     Attributes:
-        agents: :class:`~memorm.repositories.AgentRepository`.
-        sessions: :class:`~memorm.repositories.SessionRepository`.
-        messages: :class:`~memorm.repositories.MessageRepository`.
-        passages: :class:`~memorm.repositories.PassageRepository`.
-        session: the underlying SQLAlchemy ``AsyncSession``, for queries of your own.
+        agents: the agents and their core memory.
+        sessions: the agents' chat sessions.
+        messages: the sessions' messages (recall memory).
+        passages: the agents' archival passages and embedding models.
+        session: the underlying SQLAlchemy `AsyncSession`, for queries of your own.
     """
 
     agents: AgentRepository

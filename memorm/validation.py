@@ -1,25 +1,25 @@
 """Input checks, run before anything is written.
 
 Every public call goes through these before its first statement, so bad input
-raises :class:`memorm.errors.ValidationError` with a message that names the
+raises [`memorm.errors.ValidationError`][memorm.errors.ValidationError] with a message that names the
 field, and the database is never touched.  Both engines get the same rules,
 even where one of them would have accepted the value (SQLite stores NUL bytes,
 NaN and 64-bit integers in 32-bit columns; Postgres refuses them).
 
-The limits (documented in ``docs/concepts.md``, "Limits"):
+The limits (documented in `docs/concepts.md`, "Limits"):
 
-* integers stored in or compared with 32-bit columns (``token_count``,
-  ``max_tokens``, ``expected_version``): :data:`INT32_MIN` to :data:`INT32_MAX`;
-* counts and offsets (``offset``, ``keep_last``): 0 to :data:`MAX_COUNT`,
-  which leaves room for ``offset + limit`` in a 64-bit SQL integer;
-* seq cursors (``before_seq``, ``after_seq``, ``delete_after``'s ``seq``): any
+* integers stored in or compared with 32-bit columns (`token_count`,
+  `max_tokens`, `expected_version`): `INT32_MIN` to `INT32_MAX`;
+* counts and offsets (`offset`, `keep_last`): 0 to `MAX_COUNT`,
+  which leaves room for `offset + limit` in a 64-bit SQL integer;
+* seq cursors (`before_seq`, `after_seq`, `delete_after`'s `seq`): any
   64-bit integer; a seq is 32-bit, so a cursor past either end selects all or nothing;
-* timestamps, given or computed (``created_at + ttl``): :data:`MIN_TIME` to
-  :data:`MAX_TIME`, a day inside Python's ``datetime`` range, so any accepted
+* timestamps, given or computed (`created_at + ttl`): `MIN_TIME` to
+  `MAX_TIME`, a day inside Python's `datetime` range, so any accepted
   instant converts to any time zone, and Postgres never stores ±infinity;
 * vectors: 1 to 16,000 finite numbers within float32;
 * names in unique indexes (agent names, session keys, embedding model names):
-  at most :data:`MAX_NAME` characters, which fit a Postgres index entry.
+  at most `MAX_NAME` characters, which fit a Postgres index entry.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ _HUGE = 10**40  # integers shown by their size in messages (repr of 10**5000 rai
 
 
 def shown(value: object, width: int = 80) -> str:
-    """A short ``repr`` of ``value`` for an error message; never raises."""
+    """A short `repr` of `value` for an error message; never raises."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _HUGE:
         return f"an integer of {value.bit_length()} bits"
     try:
@@ -91,7 +91,7 @@ def shown(value: object, width: int = 80) -> str:
 
 
 def check_int(value: object, field: str, *, minimum: int = INT32_MIN, maximum: int = INT32_MAX) -> int:
-    """An ``int`` (not a bool) from ``minimum`` to ``maximum``; 32-bit by default."""
+    """An `int` (not a bool) from `minimum` to `maximum`; 32-bit by default."""
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
         raise ValidationError(
             f"{field}: expected an integer from {minimum:,} to {maximum:,}, got {shown(value)}"
@@ -100,7 +100,7 @@ def check_int(value: object, field: str, *, minimum: int = INT32_MIN, maximum: i
 
 
 def check_flag(value: object, field: str) -> bool:
-    """A ``bool``: ``if array:`` would raise for a numpy array, and ``"no"`` would mean yes."""
+    """A `bool`: `if array:` would raise for a numpy array, and `"no"` would mean yes."""
     if not isinstance(value, bool):
         raise ValidationError(f"{field}: expected True or False, got {type(value).__name__}")
     return value
@@ -114,7 +114,7 @@ def check_list(value: object, field: str, what: str) -> list[Any]:
 
 
 def as_uuid(value: object, field: str = "id") -> uuid.UUID:
-    """``value`` as a UUID; strings in any standard spelling are accepted."""
+    """`value` as a UUID; strings in any standard spelling are accepted."""
     if isinstance(value, uuid.UUID):
         return value
     if isinstance(value, str):
@@ -126,7 +126,7 @@ def as_uuid(value: object, field: str = "id") -> uuid.UUID:
 
 
 def check_text(value: object, field: str, *, optional: bool = False) -> str | None:
-    """A ``str`` with no NUL characters and no lone surrogates."""
+    """A `str` with no NUL characters and no lone surrogates."""
     if value is None and optional:
         return None
     if not isinstance(value, str):
@@ -143,7 +143,7 @@ def check_text(value: object, field: str, *, optional: bool = False) -> str | No
 
 
 def check_name(value: object, field: str, *, blank: bool = False) -> str:
-    """A name in a unique index: non-blank (with ``blank``, non-empty), at most 512 characters."""
+    """A name in a unique index: non-blank (with `blank`, non-empty), at most 512 characters."""
     checked = check_text(value, field) or ""
     if not (checked if blank else checked.strip()):
         raise ValidationError(f"{field}: must not be {'empty' if blank else 'blank'}")
@@ -183,7 +183,7 @@ def check_json(value: object, field: str, *, _depth: int = 0) -> None:
 
 
 def check_json_object(value: object, field: str) -> dict[str, Any]:
-    """A JSON object (dict); ``None`` becomes ``{}``."""
+    """A JSON object (dict); `None` becomes `{}`."""
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -193,7 +193,7 @@ def check_json_object(value: object, field: str) -> dict[str, Any]:
 
 
 def check_aware(value: object, field: str) -> datetime:
-    """A timezone-aware datetime from :data:`MIN_TIME` to :data:`MAX_TIME` (compared in UTC)."""
+    """A timezone-aware datetime from `MIN_TIME` to `MAX_TIME` (compared in UTC)."""
     if not isinstance(value, datetime):
         raise ValidationError(f"{field}: expected a datetime, got {type(value).__name__}")
     try:
@@ -213,7 +213,7 @@ _RANGE = f"the range memorm stores, {MIN_DATE} 00:00 to {MAX_DATE} 23:59:59.9999
 
 
 def later(instant: datetime, span: timedelta, field: str) -> datetime:
-    """``instant + span``, a checked instant plus a checked span; it must stay in range too."""
+    """`instant + span`, a checked instant plus a checked span; it must stay in range too."""
     try:
         result = instant + span
     except OverflowError:
@@ -224,9 +224,9 @@ def later(instant: datetime, span: timedelta, field: str) -> datetime:
 
 
 def as_instant(value: object, field: str, *, end: bool) -> tuple[datetime, bool]:
-    """A datetime bound, and whether it is inclusive.  A date ``end`` covers that whole day (UTC).
+    """A datetime bound, and whether it is inclusive.  A date `end` covers that whole day (UTC).
 
-    Dates are held to the timestamp range too: :data:`MIN_DATE` to :data:`MAX_DATE`.
+    Dates are held to the timestamp range too: `MIN_DATE` to `MAX_DATE`.
     """
     if isinstance(value, datetime):
         return check_aware(value, field), True
@@ -245,7 +245,7 @@ MAX_DURATION = timedelta(days=365 * 1000)
 
 
 def check_duration(value: object, field: str) -> timedelta:
-    """A positive span of time: a ``timedelta`` or a number of seconds, up to 1,000 years."""
+    """A positive span of time: a `timedelta` or a number of seconds, up to 1,000 years."""
     if isinstance(value, timedelta):
         span = value
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -261,7 +261,7 @@ def check_duration(value: object, field: str) -> timedelta:
 
 
 def check_limit(limit: object, offset: object = 0, *, maximum: int = MAX_PAGE) -> None:
-    """A page size in 1..maximum and an offset in 0..:data:`MAX_COUNT`."""
+    """A page size in 1..maximum and an offset in 0..`MAX_COUNT`."""
     check_int(limit, "limit", minimum=1, maximum=maximum)
     check_int(offset, "offset", minimum=0, maximum=MAX_COUNT)
 

@@ -1,15 +1,15 @@
-"""The ``memorm`` command.
+"""The `memorm` command.
 
-Each module named in :data:`COMMANDS` defines ``register(commands)``, which
-adds its subcommands (``argparse`` subparsers whose ``handler`` default is an
+Each module named in `COMMANDS` defines `register(commands)`, which
+adds its subcommands (`argparse` subparsers whose `handler` default is an
 async function of the parsed arguments).  Registering imports nothing heavy:
 SQLAlchemy, alembic, numpy, rich and memorm's services load inside the
-handlers, so ``memorm --help`` and ``memorm --version`` answer in about a
+handlers, so `memorm --help` and `memorm --version` answer in about a
 tenth of a second and each command loads only what it uses
-(tests/test_cli_startup.py keeps it so).  Every command takes ``--url``
-(else ``MEMORM_DATABASE_URL``, else ``sqlite:///memorm.db``) or URLs as
-arguments, and opens them with :func:`memorm.cli.reach.open_database`.
-Errors print one line and exit non-zero; ``--debug`` shows the traceback.
+(tests/test_cli_startup.py keeps it so).  Every command takes `--url`
+(else `MEMORM_DATABASE_URL`, else `sqlite:///memorm.db`) or URLs as
+arguments, and opens them with `memorm.cli.reach.open_database`.
+Errors print one line and exit non-zero; `--debug` shows the traceback.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _said_in_one_line(error: Exception) -> bool:
-    """Whether ``error`` is one the user can act on from its message alone."""
+    """Whether `error` is one the user can act on from its message alone."""
     from memorm.errors import MemormError
 
     if isinstance(error, (MemormError, OSError)):

@@ -1,4 +1,4 @@
-"""``memorm db upgrade|downgrade|current|check``: the schema's migrations."""
+"""`memorm db upgrade|downgrade|current|check`: the schema's migrations."""
 
 from __future__ import annotations
 

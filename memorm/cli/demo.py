@@ -1,4 +1,4 @@
-"""``memorm demo``: the README's first command."""
+"""`memorm demo`: the README's first command."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``memorm check`` (the schema against the models) and ``memorm stats`` (what the database holds)."""
+"""`memorm check` (the schema against the models) and `memorm stats` (what the database holds)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ TOP_SESSIONS = 10
 
 
 async def run_check(args: argparse.Namespace) -> int:
-    """``memorm db check`` (and its alias ``memorm check``): schema at head, and no drift."""
+    """`memorm db check` (and its alias `memorm check`): schema at head, and no drift."""
     from memorm.cli.reach import open_database
     from memorm.migrate import check_drift
 

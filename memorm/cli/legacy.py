@@ -1,4 +1,4 @@
-"""``memorm import-memgpt DIR``: agents saved by MemGPT (as JSON) into memorm."""
+"""`memorm import-memgpt DIR`: agents saved by MemGPT (as JSON) into memorm."""
 
 from __future__ import annotations
 

@@ -1,11 +1,13 @@
 """Rich progress bars for the commands' long operations (copies, purges), on stderr.
 
-Not a command (no ``register``): :mod:`memorm.cli.transfer` and
-:mod:`memorm.cli.retention` share it.  The bars draw only when stderr is a
-terminal, so piped output, cron mail and captured test output stay clean::
+Not a command (no `register`): `memorm.cli.transfer` and
+`memorm.cli.retention` share it.  The bars draw only when stderr is a
+terminal, so piped output, cron mail and captured test output stay clean:
 
-    with progress_bar() as progress:
-        removed = await purge_expired(db, reporter=Bars(progress))
+```python
+with progress_bar() as progress:
+    removed = await purge_expired(db, reporter=Bars(progress))
+```
 """
 
 from __future__ import annotations
@@ -17,23 +19,23 @@ __all__ = ["Bars", "progress_bar"]
 
 
 class Bars:
-    """A :class:`~memorm.progress.Reporter` drawing one rich progress bar per task."""
+    """A [`Reporter`][memorm.progress.Reporter] drawing one rich progress bar per task."""
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
         self.tasks: dict[str, TaskID] = {}
 
     def start(self, task: str, total: int) -> None:
-        """Add a bar for ``task``, of ``total`` rows."""
+        """Add a bar for `task`, of `total` rows."""
         self.tasks[task] = self.progress.add_task(task, total=total)
 
     def advance(self, task: str, rows: int) -> None:
-        """Move the bar of ``task`` on by ``rows``."""
+        """Move the bar of `task` on by `rows`."""
         self.progress.advance(self.tasks[task], rows)
 
 
 def progress_bar() -> Progress:
-    """A rich ``Progress`` on stderr, disabled when stderr is not a terminal; use it as a context manager."""
+    """A rich `Progress` on stderr, disabled when stderr is not a terminal; use it as a context manager."""
     console = Console(stderr=True)
     return Progress(
         TextColumn("{task.description:<18}"),

@@ -1,17 +1,17 @@
 """Opening the commands' database: a missing SQLite file and a failed connection said in one line.
 
-Every command opens its database with :func:`open_database`, which decides
+Every command opens its database with `open_database`, which decides
 two things in one place:
 
 * A SQLite file that is not there is an error naming its path, and is not
   created: SQLite would otherwise make an empty database of a mistyped path,
   and the command would go on to report a missing schema.  Only commands whose
-  job is to make a database (``db upgrade``, ``demo``, the destination of
-  ``copy`` and ``import``) pass ``create=True``.
+  job is to make a database (`db upgrade`, `demo`, the destination of
+  `copy` and `import`) pass `create=True`.
 * A refused connection, an unknown host, a missing Postgres database or a bad
-  password arrive as one ``MemormError`` (``cannot reach the database at
-  <url>: why``), the URL shown without its password.  The connection is tried
-  on entry, so with two databases open (``copy``) the message names the one
+  password arrive as one `MemormError` (`cannot reach the database at
+  <url>: why`), the URL shown without its password.  The connection is tried
+  on entry, so with two databases open (`copy`) the message names the one
   that failed.
 """
 
@@ -37,7 +37,7 @@ _CONNECT_CODES = ("08", "28", "3D")
 
 
 class _Unreachable(DatabaseError):
-    """A connection failure already attributed to its database: an outer ``open_database`` leaves it be."""
+    """A connection failure already attributed to its database: an outer `open_database` leaves it be."""
 
 
 def _why(error: BaseException) -> str:
@@ -47,7 +47,7 @@ def _why(error: BaseException) -> str:
 
 
 def unreachable(error: BaseException, where: str) -> MemormError | None:
-    """A ``DatabaseError`` naming ``where`` if ``error`` means the connection failed, else None."""
+    """A `DatabaseError` naming `where` if `error` means the connection failed, else None."""
     orig = error.orig if isinstance(error, sa_exc.DBAPIError) else error
     code = getattr(orig, "sqlstate", None) or getattr(getattr(orig, "__cause__", None), "sqlstate", None)
     failed = (
@@ -62,10 +62,10 @@ def unreachable(error: BaseException, where: str) -> MemormError | None:
 
 
 def missing_sqlite_file(db: Database) -> Path | None:
-    """The absolute path of ``db``'s SQLite file if it does not exist; None otherwise.
+    """The absolute path of `db`'s SQLite file if it does not exist; None otherwise.
 
-    None too for other engines, in-memory databases and ``file:`` URIs (which
-    SQLite opens by its own rules, ``mode=rw`` included).
+    None too for other engines, in-memory databases and `file:` URIs (which
+    SQLite opens by its own rules, `mode=rw` included).
     """
     name = db.url.database
     if db.dialect != "sqlite" or not name or name == ":memory:" or name.startswith("file:"):
@@ -88,15 +88,17 @@ async def _connect(db: Database, where: str) -> None:
 
 @asynccontextmanager
 async def open_database(url: str | None, *, create: bool = False) -> AsyncIterator[Database]:
-    """A :class:`Database` on ``url`` (else ``MEMORM_DATABASE_URL``, else the default), disposed after.
+    """A [`Database`][memorm.db.Database] on `url`, disposed after.
+
+    The URL is `url`, else `MEMORM_DATABASE_URL`, else the default.
 
     Args:
         url: the database's URL as the user gave it.
         create: the command makes the database, so a missing SQLite file is
-            created; without it, a missing file raises ``DatabaseError``
+            created; without it, a missing file raises `DatabaseError`
             naming the path, and nothing is created.
 
-    Errors inside the block leave as ``MemormError``: connection failures as
+    Errors inside the block leave as `MemormError`: connection failures as
     "cannot reach the database at …", other driver errors as memorm translates
     them.
     """

@@ -1,9 +1,9 @@
-"""``memorm purge`` and ``memorm forget``: retention from the command line, or from cron.
+"""`memorm purge` and `memorm forget`: retention from the command line, or from cron.
 
-The deletions live in :mod:`memorm.retention`; this module parses durations
-(``30d``) and meta conditions (``user_id=u42``, ``n:=42``), draws progress
+The deletions live in [`memorm.retention`][memorm.retention]; this module parses durations
+(`30d`) and meta conditions (`user_id=u42`, `n:=42`), draws progress
 bars (on stderr, only on a terminal) and prints one summary line per kind of
-row: ``removed 12 sessions`` (``would remove …`` with ``--dry-run``).
+row: `removed 12 sessions` (`would remove …` with `--dry-run`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ _META = re.compile(r"([A-Za-z0-9_-]{1,64})(:?=)(.*)", re.DOTALL)
 
 
 def duration(text: str) -> timedelta:
-    """``90m``, ``12h``, ``30d``, ``2w``: a positive whole number and a unit (s, m, h, d, w)."""
+    """`90m`, `12h`, `30d`, `2w`: a positive whole number and a unit (s, m, h, d, w)."""
     from memorm.validation import check_duration
 
     found = _DURATION.fullmatch(text)
@@ -53,7 +53,7 @@ def _reject_constant(name: str) -> NoReturn:
 
 
 def meta_condition(text: str) -> tuple[str, Any]:
-    """``key=value`` (the string ``value``) or ``key:=JSON`` (a typed value: ``42``, ``true``, ``null``)."""
+    """`key=value` (the string `value`) or `key:=JSON` (a typed value: `42`, `true`, `null`)."""
     from memorm.validation import check_json
 
     found = _META.fullmatch(text)
@@ -82,7 +82,7 @@ def meta_condition(text: str) -> tuple[str, Any]:
 
 
 class _Where(argparse.Action):
-    """Collects repeated ``--meta`` conditions into one filter dict (all must match)."""
+    """Collects repeated `--meta` conditions into one filter dict (all must match)."""
 
     def __call__(
         self,
@@ -108,7 +108,7 @@ def _batch(text: str) -> int:
 
 
 class _Labelled:
-    """A reporter naming its bars ``"<label> <task>"``: both purges have a ``messages`` task."""
+    """A reporter naming its bars `"<label> <task>"`: both purges have a `messages` task."""
 
     def __init__(self, reporter: Reporter, label: str) -> None:
         self.reporter = reporter

@@ -1,11 +1,11 @@
-"""``memorm copy|export|import``: moving whole databases, with a progress bar.
+"""`memorm copy|export|import`: moving whole databases, with a progress bar.
 
-The logic lives in :mod:`memorm.transfer`; this module parses arguments,
+The logic lives in `memorm.transfer`; this module parses arguments,
 draws progress with rich (on stderr, and only on a terminal) and prints a
 summary.  A failed verification prints the tables that differ and exits 1.
-The databases read must exist; the destination of ``copy`` and the target of
-``import`` are created (SQLite) and migrated when empty (see
-:func:`memorm.transfer.target.prepare_destination`).
+The databases read must exist; the destination of `copy` and the target of
+`import` are created (SQLite) and migrated when empty (see
+`memorm.transfer.target.prepare_destination`).
 """
 
 from __future__ import annotations

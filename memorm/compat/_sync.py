@@ -1,14 +1,14 @@
 """Sync methods for async adapters: memorm coroutines run on a private event loop thread.
 
-A sync method of an adapter (LangChain's ``messages``, ``add_texts``…) may be
+A sync method of an adapter (LangChain's `messages`, `add_texts`…) may be
 called from plain sync code, from a worker thread while the caller's loop runs
-elsewhere, or (blocking it) from inside a running loop.  :class:`SyncBridge`
-runs the work on one private loop in a daemon thread.  The ``Database`` is the
+elsewhere, or (blocking it) from inside a running loop.  `SyncBridge`
+runs the work on one private loop in a daemon thread.  The `Database` is the
 caller's own: it serves every event loop, and gives the private loop an
-engine (a pool) of its own (:mod:`memorm.engines`), so sync calls never touch
+engine (a pool) of its own (`memorm.engines`), so sync calls never touch
 the pool the caller's loop uses.
 
-:func:`dispose_sync` closes the private loop's connections of a database; a
+[`dispose_sync`][memorm.compat.langchain.dispose_sync] closes the private loop's connections of a database; a
 later sync call reopens them.  At interpreter exit they are closed too.
 """
 
@@ -44,7 +44,7 @@ class SyncBridge:
         self._used: weakref.WeakSet[Database] = weakref.WeakSet()
 
     def run(self, db: Database, work: Callable[[Database], Awaitable[T]]) -> T:
-        """``await work(db)`` on the private loop; blocks until it is done."""
+        """`await work(db)` on the private loop; blocks until it is done."""
         loop = self._started()
         if threading.current_thread() is self._thread:
             raise RuntimeError("a sync memorm call from memorm's own sync loop would deadlock")
@@ -56,7 +56,7 @@ class SyncBridge:
             future.cancel()  # a no-op once done; stops the work if the caller was interrupted
 
     def dispose(self, db: Database | None = None) -> None:
-        """Close the private loop's connections of ``db`` (of every database, if None)."""
+        """Close the private loop's connections of `db` (of every database, if None)."""
         loop = self._loop
         if loop is None or self._closed:
             return
@@ -108,13 +108,16 @@ BRIDGE = SyncBridge()
 
 
 def dispose_sync(db: Database | None = None) -> None:
-    """Close the connections that sync methods opened for ``db`` (for every database, if None).
+    """Close the connections that sync methods opened for `db` (for every database, if None).
 
-    Call it where you dispose ``db`` itself; a later sync call reopens them.
+    Call it where you dispose `db` itself; a later sync call reopens them.
     """
     BRIDGE.dispose(db)
 
 
 async def adispose_sync(db: Database | None = None) -> None:
-    """:func:`dispose_sync` for async code (the wait runs in a worker thread)."""
+    """[`dispose_sync`][memorm.compat.langchain.dispose_sync] for async code.
+
+    The wait runs in a worker thread.
+    """
     await anyio.to_thread.run_sync(BRIDGE.dispose, db)

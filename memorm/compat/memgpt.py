@@ -1,14 +1,14 @@
-"""MemGPT-style memory classes over one :class:`~memorm.Database`.
+"""MemGPT-style memory classes over one [`Database`][memorm.db.Database].
 
 MemGPT (now Letta) gives an agent three memories: *core* memory in the prompt
-(``Agent.core_memory``), *recall* memory — the full conversation log, searched
+(`Agent.core_memory`), *recall* memory — the full conversation log, searched
 by text or date — and *archival* memory, embedded passages searched by
-similarity.  These classes keep MemGPT's method names and ``(results, total)``
+similarity.  These classes keep MemGPT's method names and `(results, total)`
 return shapes; every call is one unit of work on the shared database, so a
 crash leaves either the whole change or none of it.
 
-Results are dicts; ``timestamp`` is the row's own ISO-8601 UTC time, ``total``
-the true number of matches (not the page length), and ``start`` an offset into
+Results are dicts; `timestamp` is the row's own ISO-8601 UTC time, `total`
+the true number of matches (not the page length), and `start` an offset into
 a deterministic order, so pages are stable.
 """
 
@@ -38,7 +38,7 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 def chunk_text(text: str, *, max_chars: int = CHUNK_CHARS) -> list[str]:
-    """Split ``text`` into chunks of at most ``max_chars``, at paragraph, then sentence, then word breaks."""
+    """Split `text` into chunks of at most `max_chars`, at paragraph, then sentence, then word breaks."""
     chunks: list[str] = []
     for paragraph in (p.strip() for p in text.split("\n\n")):
         pieces = [paragraph] if len(paragraph) <= max_chars else _SENTENCE_END.split(paragraph)
@@ -60,7 +60,7 @@ def chunk_text(text: str, *, max_chars: int = CHUNK_CHARS) -> list[str]:
 
 
 def from_openai(message: MessageInput) -> MessageInput:
-    """An OpenAI-style message dict as memorm takes it; fields memorm has no column for go to ``meta``."""
+    """An OpenAI-style message dict as memorm takes it; fields memorm has no column for go to `meta`."""
     if isinstance(message, Message) or not isinstance(message, Mapping):
         return message
     known = {key: message[key] for key in _OPENAI_FIELDS if key in message}
@@ -132,7 +132,7 @@ class ArchivalMemory:
         self.embedder = embedder
 
     async def insert(self, text: str, *, meta: Mapping[str, Any] | None = None) -> list[uuid.UUID]:
-        """Store ``text`` (chunked if long); returns the new passages' ids."""
+        """Store `text` (chunked if long); returns the new passages' ids."""
         chunks = chunk_text(check_text(text, "text") or "")
         tags = check_json_object(meta, "meta")
         vectors: list[list[float]] = []
@@ -154,7 +154,7 @@ class ArchivalMemory:
     async def search(
         self, query: str, count: int | None = None, start: int | None = None
     ) -> tuple[list[dict[str, Any]], int]:
-        """Passages most similar to ``query``: one page of results, and the number of passages ranked."""
+        """Passages most similar to `query`: one page of results, and the number of passages ranked."""
         limit, offset = _page(count, start)
         [vector] = await _embed(self.embedder, [check_text(query, "query") or ""])
         async with self.db.unit_of_work(read_only=True) as uow:
@@ -180,7 +180,7 @@ class RecallMemory:
     async def text_search(
         self, query: str, count: int | None = None, start: int | None = None
     ) -> tuple[list[dict[str, Any]], int]:
-        """Messages containing every word of ``query``, most relevant first."""
+        """Messages containing every word of `query`, most relevant first."""
         limit, offset = _page(count, start)
         async with self.db.unit_of_work(read_only=True) as uow:
             page = await uow.messages.search(
@@ -195,7 +195,7 @@ class RecallMemory:
         count: int | None = None,
         start: int | None = None,
     ) -> tuple[list[dict[str, Any]], int]:
-        """Messages from ``start_date`` to ``end_date`` (``YYYY-MM-DD``, end day included), oldest first."""
+        """Messages from `start_date` to `end_date` (`YYYY-MM-DD`, end day included), oldest first."""
         limit, offset = _page(count, start)
         first, last = _as_date(start_date, "start_date"), _as_date(end_date, "end_date")
         async with self.db.unit_of_work(read_only=True) as uow:
@@ -208,9 +208,9 @@ class RecallMemory:
 class PersistenceManager:
     """Keeps one agent session's in-context messages and core memory in the database.
 
-    Each method is one unit of work.  Messages are ``Message`` objects or
-    OpenAI-style dicts (``role``, ``content``, ``name``, ``tool_calls``,
-    ``tool_call_id``; other fields are kept in ``meta["openai"]``).
+    Each method is one unit of work.  Messages are `Message` objects or
+    OpenAI-style dicts (`role`, `content`, `name`, `tool_calls`,
+    `tool_call_id`; other fields are kept in `meta["openai"]`).
     """
 
     def __init__(self, db: Database, agent_id: uuid.UUID | str, session_id: uuid.UUID | str) -> None:
@@ -219,10 +219,10 @@ class PersistenceManager:
         self.session_id = session_id
 
     async def init(self, agent_state: Mapping[str, Any]) -> None:
-        """Persist an agent's starting state: ``system``, ``core_memory`` and ``messages`` (each optional).
+        """Persist an agent's starting state: `system`, `core_memory` and `messages` (each optional).
 
         Initial messages are stored only into an empty session, so calling
-        ``init`` again on restart does not duplicate them.
+        `init` again on restart does not duplicate them.
         """
         if not isinstance(agent_state, Mapping):
             raise ValidationError(f"agent_state: expected a dict, got {type(agent_state).__name__}")
@@ -237,9 +237,9 @@ class PersistenceManager:
                 await uow.messages.replace_system(self.session_id, agent_state["system"])
 
     async def trim_messages(self, num: int) -> int:
-        """Drop the ``num`` oldest messages after the system message, never splitting a tool call.
+        """Drop the `num` oldest messages after the system message, never splitting a tool call.
 
-        Returns how many were dropped (more than ``num`` when the cut would
+        Returns how many were dropped (more than `num` when the cut would
         otherwise orphan tool answers).
         """
         check_int(num, "num", minimum=0, maximum=MAX_COUNT)
@@ -262,7 +262,7 @@ class PersistenceManager:
             return await uow.messages.append(self.session_id, rows)
 
     async def swap_system_message(self, message: MessageInput | str) -> Message:
-        """Replace the system message (a string, a ``Message`` or a dict with ``content``)."""
+        """Replace the system message (a string, a `Message` or a dict with `content`)."""
         if isinstance(message, str):
             content = message
         elif isinstance(message, Message):

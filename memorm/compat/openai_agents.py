@@ -1,34 +1,34 @@
-"""The OpenAI Agents SDK's session memory, stored by memorm (extra ``openai-agents``).
+"""The OpenAI Agents SDK's session memory, stored by memorm (extra `openai-agents`).
 
-:class:`MemormSession` implements the SDK's ``Session`` protocol, so a run's
-history lives in memorm's tables::
+[`MemormSession`][memorm.compat.openai_agents.MemormSession] implements the SDK's
+`Session` protocol, so a run's history lives in memorm's tables:
 
-    from agents import Runner
-    from memorm.compat.openai_agents import MemormSession
+```python
+from agents import Runner
+from memorm.compat.openai_agents import MemormSession
 
-    session = MemormSession("user-42", db, agent=agent_id)
-    result = await Runner.run(agent, "Hello", session=session)
+session = MemormSession("user-42", db, agent=agent_id)
+result = await Runner.run(agent, "Hello", session=session)
+```
 
-Each SDK input item is one memorm :class:`~memorm.Message`.  The item itself is
-kept whole in ``meta["openai_item"]``, so it reads back exactly as it was
-added; the columns get what maps onto them, so memorm's search, windows and
+Each SDK input item is one memorm [`Message`][memorm.models.Message].  The item
+itself is kept whole in `meta["openai_item"]`, so it reads back exactly as it
+was added; the columns get what maps onto them, so memorm's search, windows and
 token budgets see the conversation too:
 
-============================  ===========  ===================================
-SDK item                      role         columns
-============================  ===========  ===================================
-message (user, assistant)     same         ``content``: its text
-message (system, developer)   system       ``content``: its text
-function_call                 assistant    ``tool_calls``: one function call
-other ``*_call`` with call_id assistant    ``tool_calls``: ``{"id", "type"}``
-``*_output`` with call_id     tool         ``tool_call_id``, ``content``: text
-reasoning                     assistant    ``content``: the summary's text
-anything else                 assistant    (the item only)
-============================  ===========  ===================================
+| SDK item                      | role      | columns                          |
+|-------------------------------|-----------|----------------------------------|
+| message (user, assistant)     | same      | `content`: its text              |
+| message (system, developer)   | system    | `content`: its text              |
+| function_call                 | assistant | `tool_calls`: one function call  |
+| other `*_call` with call_id   | assistant | `tool_calls`: `{"id", "type"}`   |
+| `*_output` with call_id       | tool      | `tool_call_id`, `content`: text  |
+| reasoning                     | assistant | `content`: the summary's text    |
+| anything else                 | assistant | (the item only)                  |
 
-Messages that other code wrote into the session (no ``openai_item``) read back
-as the equivalent items: a text message, plus one ``function_call`` per tool
-call; a ``tool`` message as a ``function_call_output``.
+Messages that other code wrote into the session (no `openai_item`) read back
+as the equivalent items: a text message, plus one `function_call` per tool
+call; a `tool` message as a `function_call_output`.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 __all__ = ["ITEM_KEY", "PAGE", "MemormSession", "item_to_message", "message_to_items"]
 
 ITEM_KEY = "openai_item"
-"""The ``Message.meta`` key holding the SDK item a message was stored from."""
+"""The `Message.meta` key holding the SDK item a message was stored from."""
 
 PAGE = 500
 """Messages read per query when a whole history is asked for."""
@@ -79,7 +79,7 @@ def _text(value: object) -> str:
 
 
 def item_to_message(item: TResponseInputItem) -> dict[str, Any]:
-    """The memorm message (a dict for ``uow.messages.append``) that stores one SDK item."""
+    """The memorm message (a dict for `uow.messages.append`) that stores one SDK item."""
     data = cast(Mapping[str, Any], item)
     if not isinstance(data, Mapping):
         raise ValidationError(f"expected an input item dict, got {type(data).__name__}")
@@ -130,30 +130,31 @@ def message_to_items(message: Message) -> list[TResponseInputItem]:
 
 
 class MemormSession:
-    """The Agents SDK's ``Session`` protocol over a memorm :class:`~memorm.Database`.
+    """The Agents SDK's `Session` protocol over a memorm [`Database`][memorm.db.Database].
 
     Args:
         session_id: the SDK's session id; it names the memorm session of the
-            agent (``Session.key``), created on the first write.
-        db: the shared database; a ``MemormSession`` is cheap and holds no
+            agent (`Session.key`), created on the first write.
+        db: the shared database; a `MemormSession` is cheap and holds no
             connection, so make one per conversation.
         agent: the memorm agent (or its id) owning the session.
-        session_settings: the SDK's settings; ``limit`` bounds ``get_items()``
+        session_settings: the SDK's settings; `limit` bounds `get_items()`
             when it is called without one.
-        ttl: a ``timedelta`` or seconds: every ``add_items`` moves the
-            session's expiry to ``ttl`` from then (as ``RedisSession``'s
-            ``ttl`` does), so a conversation idle that long is deleted by the
-            next ``purge_expired``.  Without it, the agent's ``retention``
+        ttl: a `timedelta` or seconds: every `add_items` moves the
+            session's expiry to `ttl` from then (as `RedisSession`'s
+            `ttl` does), so a conversation idle that long is deleted by the
+            next `purge_expired`.  Without it, the agent's `retention`
             applies, if any.
 
-    Every method is one unit of work.  ``clear_session`` deletes the messages
-    but keeps the memorm session (its title and ``meta`` are the app's).
+    Every method is one unit of work.  `clear_session` deletes the messages
+    but keeps the memorm session (its title and `meta` are the app's).
 
-    Example::
-
+    Example:
+        ```python
         session = MemormSession("user-42", db, agent=agent.id)
         await Runner.run(assistant, "Hi", session=session)
         history = await session.get_items(limit=20)
+        ```
     """
 
     session_id: str
@@ -184,10 +185,10 @@ class MemormSession:
         return None if chat is None else chat.id
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
-        """The newest ``limit`` items (all when None), oldest first.
+        """The newest `limit` items (all when None), oldest first.
 
-        Without ``limit``, ``session_settings.limit`` applies.  As in the SDK's
-        ``SQLiteSession``, ``limit=0`` gives no items and a negative one all.
+        Without `limit`, `session_settings.limit` applies.  As in the SDK's
+        `SQLiteSession`, `limit=0` gives no items and a negative one all.
         Only the messages asked for are read, in pages.
         """
         wanted = resolve_session_limit(limit, self.session_settings)
@@ -204,7 +205,7 @@ class MemormSession:
             return await _read_newest(uow, chat, wanted)
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
-        """Append ``items`` in one unit of work (all or none are stored)."""
+        """Append `items` in one unit of work (all or none are stored)."""
         messages = [item_to_message(item) for item in check_list(items, "items", "input items")]
         if not messages:
             return

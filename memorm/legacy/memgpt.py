@@ -1,24 +1,26 @@
 """Importing a MemGPT-style directory of agent state, saved as JSON.
 
-The layout (one agent per folder; ``DIR`` may also be a single agent's folder)::
+The layout (one agent per folder; `DIR` may also be a single agent's folder):
 
-    DIR/
-      <agent>/
-        config.json     {"name", "system", "persona", "human", "core_memory", "llm_config", ...}
-        messages.json   [{"role", "content", "name", "tool_calls", "tool_call_id", "timestamp"}, ...]
-        archival.json   [{"text", "timestamp", "meta"}, ...]  (or plain strings)
+```text
+DIR/
+  <agent>/
+    config.json     {"name", "system", "persona", "human", "core_memory", "llm_config", ...}
+    messages.json   [{"role", "content", "name", "tool_calls", "tool_call_id", "timestamp"}, ...]
+    archival.json   [{"text", "timestamp", "meta"}, ...]  (or plain strings)
+```
 
-Only ``config.json`` is required.  ``name`` defaults to the folder's name;
-``persona`` and ``human`` become core memory blocks (beside any in
-``core_memory``); other config keys are kept in the agent's
-``meta["memgpt"]``.  Messages are OpenAI-style dicts
-(:func:`memorm.compat.memgpt.from_openai`) stored in order in one session,
-each ``created_at`` taken from its ISO-8601 ``timestamp`` (UTC when it has no
-offset).  Archival texts are embedded with :class:`~memorm.embeddings.HashingEmbedder`
+Only `config.json` is required.  `name` defaults to the folder's name;
+`persona` and `human` become core memory blocks (beside any in
+`core_memory`); other config keys are kept in the agent's
+`meta["memgpt"]`.  Messages are OpenAI-style dicts
+([`memorm.compat.memgpt.from_openai`][memorm.compat.memgpt.from_openai]) stored in order in one session,
+each `created_at` taken from its ISO-8601 `timestamp` (UTC when it has no
+offset).  Archival texts are embedded with [`HashingEmbedder`][memorm.embeddings.HashingEmbedder]
 as a stand-in: re-embed them with your real model.
 
 Every file is read and checked before anything is written, and any other
-file in ``DIR`` is refused: in particular pickles (``*.pkl``, ``*.pickle``),
+file in `DIR` is refused: in particular pickles (`*.pkl`, `*.pickle`),
 which can run arbitrary code when loaded, are never opened.
 """
 
@@ -72,7 +74,7 @@ class ImportResult:
 
 
 def _refuse_strangers(root: Path, folders: list[Path]) -> None:
-    """Every file under ``root`` must be one of an agent folder's :data:`FILES`."""
+    """Every file under `root` must be one of an agent folder's `FILES`."""
     expected = {folder / name for folder in folders for name in FILES}
     everything = sorted(root.rglob("*"))
     for found in everything:  # pickles first: the most important refusal to explain
@@ -111,7 +113,7 @@ def _timestamp(value: object, where: str) -> datetime | None:
 
 
 def _content(value: object) -> object:
-    """OpenAI content parts (``[{"type": "text", "text": …}]``) joined into one string."""
+    """OpenAI content parts (`[{"type": "text", "text": …}]`) joined into one string."""
     if isinstance(value, list) and all(isinstance(part, dict) for part in value):
         return "".join(str(part.get("text", "")) for part in value if part.get("type") == "text")
     return value
@@ -193,9 +195,9 @@ def _agent(folder: Path) -> LegacyAgent:
 
 
 def read_directory(root: Path, *, only: str | None = None) -> list[LegacyAgent]:
-    """Read and check every agent under ``root`` (or just the one called ``only``).
+    """Read and check every agent under `root` (or just the one called `only`).
 
-    Raises ``ValidationError`` for a pickle or any other unexpected file, bad
+    Raises `ValidationError` for a pickle or any other unexpected file, bad
     JSON, or a value memorm would reject — before anything is written.
     """
     if not root.is_dir():
@@ -255,7 +257,7 @@ async def import_agents(
 
     One unit of work per agent, all or nothing.  An agent whose name is taken
     is skipped (so importing the same directory twice adds nothing).  Passages
-    are embedded with ``embedder`` (default ``HashingEmbedder()``, a stand-in
+    are embedded with `embedder` (default `HashingEmbedder()`, a stand-in
     to re-embed with a real model).
     """
     embedder = embedder or HashingEmbedder()

@@ -1,4 +1,4 @@
-"""``uow.agents``: agents, their core memory, optimistic versioning."""
+"""`uow.agents`: agents, their core memory, optimistic versioning."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def _check_changes(changes: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _check_retention(value: object) -> int | None:
-    """A retention as whole seconds (a ``timedelta`` or a number), or None."""
+    """A retention as whole seconds (a `timedelta` or a number), or None."""
     if value is None:
         return None
     span = check_duration(value, "retention")
@@ -88,10 +88,10 @@ class AgentRepository(Repository):
         meta: Mapping[str, Any] | None = None,
         retention: timedelta | int | None = None,
     ) -> Agent:
-        """Create an agent; its ``name`` must be unique (``ConflictError`` otherwise).
+        """Create an agent; its `name` must be unique (`ConflictError` otherwise).
 
-        ``retention`` (a ``timedelta`` or whole seconds) is how long the
-        agent's new sessions live unless created with their own ``ttl``.
+        `retention` (a `timedelta` or whole seconds) is how long the
+        agent's new sessions live unless created with their own `ttl`.
         """
         agent = Agent(
             name=check_name(name, "name"),
@@ -107,7 +107,7 @@ class AgentRepository(Repository):
         return agent
 
     async def get(self, agent_id: uuid.UUID | str) -> Agent:
-        """The agent with this id; ``NotFoundError`` if there is none."""
+        """The agent with this id; `NotFoundError` if there is none."""
         key = as_uuid(agent_id, "agent_id")
         agent = await self._scalar(sa.select(Agent).where(AGENTS.c.id == key))
         if agent is None:
@@ -116,7 +116,7 @@ class AgentRepository(Repository):
         return result
 
     async def get_by_name(self, name: str) -> Agent | None:
-        """The agent called ``name``, or None."""
+        """The agent called `name`, or None."""
         agent: Agent | None = await self._scalar(
             sa.select(Agent).where(AGENTS.c.name == check_text(name, "name"))
         )
@@ -133,10 +133,10 @@ class AgentRepository(Repository):
         expected_version: int | None = None,
         **changes: Any,
     ) -> Agent:
-        """Change ``name``, ``system``, ``core_memory``, ``llm_config``, ``meta`` or ``retention``.
+        """Change `name`, `system`, `core_memory`, `llm_config`, `meta` or `retention`.
 
-        Every update bumps ``version``.  With ``expected_version``, the update
-        happens only if the agent is still at that version, else ``ConflictError``.
+        Every update bumps `version`.  With `expected_version`, the update
+        happens only if the agent is still at that version, else `ConflictError`.
         """
         key = as_uuid(agent_id, "agent_id")
         version = _check_version(expected_version)
@@ -150,7 +150,7 @@ class AgentRepository(Repository):
         *,
         expected_version: int | None = None,
     ) -> Agent:
-        """Set one block of core memory (``label`` -> ``value``), bumping ``version``."""
+        """Set one block of core memory (`label` -> `value`), bumping `version`."""
         key = as_uuid(agent_id, "agent_id")
         version = _check_version(expected_version)
         label = check_text(label, "label") or ""
@@ -200,22 +200,22 @@ class AgentRepository(Repository):
             raise NotFoundError(f"no agent {key}")
 
     async def forget(self, where: Filter, *, dry_run: bool = False) -> Removed:
-        """Erase every agent, session, message and passage whose ``meta`` matches ``where``.
+        """Erase every agent, session, message and passage whose `meta` matches `where`.
 
-        For a person's request to be forgotten: ``forget({"user_id": "u42"})``.
-        ``where`` is a filter as in archival search (at least one ``meta`` key;
-        ``$in`` lists and a ``created_at`` range may narrow it).  A matching
+        For a person's request to be forgotten: `forget({"user_id": "u42"})`.
+        `where` is a filter as in archival search (at least one `meta` key;
+        `$in` lists and a `created_at` range may narrow it).  A matching
         agent goes with all its sessions, messages and passages; a matching
         session with all its messages; a matching message with its tool
-        answers (as in :meth:`~memorm.repositories.MessageRepository.delete_before`),
-        whatever their own ``meta``.  The full-text indexes lose the
+        answers (as in [`delete_before`][memorm.repositories.MessageRepository.delete_before]),
+        whatever their own `meta`.  The full-text indexes lose the
         deleted text too (on SQLite the index is merged, so not even its
         segments hold it) and vector caches drop the deleted vectors.  Returns
-        the counts removed (with ``dry_run``, that would be; nothing changes).
+        the counts removed (with `dry_run`, that would be; nothing changes).
 
         The rows are gone for every query once this unit of work commits; to
         clear what the files still hold (Postgres dead rows, the SQLite WAL),
-        run :meth:`memorm.Database.scrub` after it.
+        run [`memorm.Database.scrub`][memorm.db.Database.scrub] after it.
         """
         check_flag(dry_run, "dry_run")
         if not isinstance(where, Mapping) or not any(key != "created_at" for key in where):

@@ -46,12 +46,12 @@ class Repository:
         return int(result.rowcount)  # type: ignore[attr-defined]
 
     async def _count(self, query: Select[Any]) -> int:
-        """How many rows ``query`` returns."""
+        """How many rows `query` returns."""
         counted = query.order_by(None).subquery()
         return int(await self._scalar(sa.select(sa.func.count()).select_from(counted)) or 0)
 
     async def _require_agent(self, key: uuid.UUID) -> None:
-        """``NotFoundError`` unless the agent exists."""
+        """`NotFoundError` unless the agent exists."""
         if await self._scalar(sa.select(AGENTS.c.id).where(AGENTS.c.id == key)) is None:
             raise NotFoundError(f"no agent {key}")
 
@@ -63,7 +63,7 @@ class Repository:
         self.session.info.setdefault(ARCHIVE_WRITES, set()).update(agent_ids)
 
     async def _lock_sessions(self, *where: ColumnElement[bool]) -> None:
-        """Lock the sessions matching ``where``, in id order, before deleting their rows.
+        """Lock the sessions matching `where`, in id order, before deleting their rows.
 
         Writers (appends, trims) lock a session before its messages; deleting
         in the same order makes a concurrent writer queue instead of deadlock.
@@ -77,14 +77,14 @@ class Repository:
 
         On Postgres a failed statement aborts the whole transaction; inside a
         SAVEPOINT only the savepoint is lost, so a caller that catches the
-        ``ConflictError`` can carry on with the unit of work.
+        `ConflictError` can carry on with the unit of work.
         """
         check_writable(self.session)
         async with guarded(self.session, recoverable=True), self.session.begin_nested():
             yield
 
     async def _page(self, query: Select[Any], *, limit: int, offset: int) -> Page[Any]:
-        """One page of ``query`` (already ordered) with its true total."""
+        """One page of `query` (already ordered) with its true total."""
         check_limit(limit, offset)
         total = await self._count(query)
         items = list((await self._execute(query.limit(limit).offset(offset))).scalars())

@@ -30,11 +30,11 @@ _GIVEN = frozenset(
 _ROLES = frozenset(ROLES)
 
 MessageInput = Message | Mapping[str, Any]
-"""A message to store: a ``Message`` or a dict of its fields (``role``, ``content``…)."""
+"""A message to store: a `Message` or a dict of its fields (`role`, `content`…)."""
 
 
 def check_message(item: object, index: int) -> dict[str, Any]:
-    """The checked column values of one input message (a ``Message`` or a dict)."""
+    """The checked column values of one input message (a `Message` or a dict)."""
     where = f"messages[{index}]"
     given: Mapping[str, Any]
     if isinstance(item, Message):
@@ -85,7 +85,7 @@ def check_batch(
 
 
 def count_tokens(counter: TokenCounter, rows: list[dict[str, Any]]) -> None:
-    """Fill in the ``token_count`` of checked rows that have none, before anything is written."""
+    """Fill in the `token_count` of checked rows that have none, before anything is written."""
     for index, row in enumerate(rows):
         if row["token_count"] is None:
             tokens = counter(row)

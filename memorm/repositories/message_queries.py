@@ -1,7 +1,7 @@
 """Reading the chat log: windows, context budgets, counts, full-text and date search.
 
 Hot reads (windows, the context's head and kept rows) are precompiled
-statements sent straight to the driver (:func:`memorm.driver.fetch`).
+statements sent straight to the driver (`memorm.driver.fetch`).
 """
 
 from __future__ import annotations
@@ -62,12 +62,12 @@ def _cursor(value: object, field: str) -> int:
 
 
 class MessageQueries(Repository):
-    """The read side of :class:`~memorm.repositories.MessageRepository`."""
+    """The read side of [`MessageRepository`][memorm.repositories.MessageRepository]."""
 
     # -- reading ------------------------------------------------------------
 
     async def get(self, message_id: uuid.UUID | str) -> Message:
-        """The message with this id; ``NotFoundError`` if there is none."""
+        """The message with this id; `NotFoundError` if there is none."""
         key = as_uuid(message_id, "message_id")
         found = await self._select(MESSAGES.c.id == key)
         if not found:
@@ -83,12 +83,18 @@ class MessageQueries(Repository):
         after_seq: int | None = None,
         roles: Iterable[str] | None = None,
     ) -> list[Message]:
-        """Up to ``limit`` messages, oldest first.
+        """Up to `limit` messages, oldest first.
 
-        With neither cursor: the newest ``limit``.  ``before_seq``: the last
-        ``limit`` before it (paging back).  ``after_seq``: the first ``limit``
-        after it (paging forward).  ``roles`` keeps only those roles.  Cursors
-        are any 64-bit integers (seqs themselves are 32-bit).
+        With neither cursor: the newest `limit`.  Cursors are any 64-bit
+        integers (seqs themselves are 32-bit).
+
+        Args:
+            session_id: the session whose messages to read.
+            limit: at most this many messages.
+            before_seq: the last `limit` before it (paging back).
+            after_seq: the first `limit` after it (paging forward); give one
+                cursor at most.
+            roles: keep only those roles.
         """
         key = as_uuid(session_id, "session_id")
         check_limit(limit)
@@ -131,12 +137,12 @@ class MessageQueries(Repository):
     async def context(
         self, session_id: uuid.UUID | str, *, max_tokens: int, pinned_system: bool = True
     ) -> list[Message]:
-        """The messages to send a model: the system message plus the newest that fit ``max_tokens``.
+        """The messages to send a model: the system message plus the newest that fit `max_tokens`.
 
         Chronological.  The system message's tokens count against the budget
-        (with ``pinned_system=False`` it is an ordinary message).  The window
-        never starts with a ``tool`` answer whose call was cut off.  The cut is
-        found in SQL (a running sum of ``token_count``); only the kept rows are read.
+        (with `pinned_system=False` it is an ordinary message).  The window
+        never starts with a `tool` answer whose call was cut off.  The cut is
+        found in SQL (a running sum of `token_count`); only the kept rows are read.
         """
         key = as_uuid(session_id, "session_id")
         # A budget in token_count's unit, and as wide: Postgres compares it as a 32-bit integer.
@@ -166,7 +172,7 @@ class MessageQueries(Repository):
         return [system, *body] if system is not None else body
 
     async def _fetch_window(self, key: uuid.UUID, *, forward: bool, bound: int, limit: int) -> list[Message]:
-        """Messages from ``bound`` on (``forward``) or up to it, ``limit`` of them, in scan order."""
+        """Messages from `bound` on (`forward`) or up to it, `limit` of them, in scan order."""
         statement = _WINDOW_FORWARD if forward else _WINDOW_BACK
         async with guarded(self.session):
             found = await fetch(self.session, statement, {"session_id": key, "bound": bound, "limit": limit})
@@ -175,11 +181,11 @@ class MessageQueries(Repository):
     async def _budget_span(
         self, where: list[ColumnElement[bool]], budget: int
     ) -> tuple[int, int, int] | None:
-        """``(first seq, last seq, rows)`` of the newest messages that fit in ``budget`` tokens, if any.
+        """`(first seq, last seq, rows)` of the newest messages that fit in `budget` tokens, if any.
 
         The running total is a window function over the newest rows, so one
         row crosses the wire, whatever the history's length.  The scan starts
-        with the newest :data:`_FIRST_SCAN` rows and doubles while every row it
+        with the newest `_FIRST_SCAN` rows and doubles while every row it
         read still fitted.
         """
         tokens = sa.func.coalesce(MESSAGES.c.token_count, sa.func.length(MESSAGES.c.content) / 4 + 4)
@@ -232,8 +238,16 @@ class MessageQueries(Repository):
     ) -> Page[Message]:
         """Full-text search of the agent's messages (all words must match).
 
-        Ordered by relevance, then newest first, then id; ``total`` counts every
+        Ordered by relevance, then newest first, then id; `total` counts every
         match.  Any string is safe: FTS operators and SQL are searched as words.
+
+        Args:
+            agent_id: the agent whose messages to search.
+            query: the words to find.
+            session_id: search only this session of the agent.
+            roles: keep only those roles.
+            limit: the page size.
+            offset: how many matches to skip.
         """
         text = check_text(query, "query") or ""
         check_limit(limit, offset)
@@ -253,9 +267,17 @@ class MessageQueries(Repository):
         limit: int = 50,
         offset: int = 0,
     ) -> Page[Message]:
-        """The agent's messages created from ``start`` to ``end``, chronological.
+        """The agent's messages created from `start` to `end`, chronological.
 
-        Datetimes are inclusive bounds; a date ``end`` includes that whole day (UTC).
+        Args:
+            agent_id: the agent whose messages to read.
+            start: the first instant (inclusive), or a date (from its start, UTC).
+            end: the last instant (inclusive), or a date, which includes that
+                whole day (UTC).
+            session_id: read only this session of the agent.
+            roles: keep only those roles.
+            limit: the page size.
+            offset: how many messages to skip.
         """
         lower, _ = as_instant(start, "start", end=False)
         upper, inclusive = as_instant(end, "end", end=True)
@@ -298,7 +320,7 @@ class MessageQueries(Repository):
     async def _select(
         self, *where: ColumnElement[bool], order: Any = None, limit: int | None = None
     ) -> list[Message]:
-        """Messages matching ``where``, read with Core and built with :func:`hydrate`.
+        """Messages matching `where`, read with Core and built with `hydrate`.
 
         Several times cheaper per row than an ORM query, and never stale: the
         identity map is bypassed (Core UPDATEs, such as prepend moving the

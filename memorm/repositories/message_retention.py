@@ -1,8 +1,8 @@
-"""Deleting chat history by age: ``uow.messages.delete_before``.
+"""Deleting chat history by age: `uow.messages.delete_before`.
 
 A message goes when it was created before the cutoff.  So that no session is
 left with a tool answer whose call is gone (chat APIs reject such a log), the
-answers of a deleted message go with it: the ``tool`` messages that follow it
+answers of a deleted message go with it: the `tool` messages that follow it
 up to the session's next message of another role.
 """
 
@@ -32,7 +32,7 @@ def _old(owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None) -> ColumnE
 
 
 def _previous(answer: sa.FromClause, column: str) -> sa.ScalarSelect[Any]:
-    """``column`` of the message before ``answer`` (by ``seq``) whose role is not ``tool``."""
+    """`column` of the message before `answer` (by `seq`) whose role is not `tool`."""
     head = MESSAGES.alias("head")
     return (
         sa.select(head.c[column])
@@ -44,11 +44,12 @@ def _previous(answer: sa.FromClause, column: str) -> sa.ScalarSelect[Any]:
 
 
 def with_answers(doomed: ColumnElement[bool]) -> ColumnElement[bool]:
-    """The messages matching ``doomed`` (a condition on ``messages``), and their tool answers.
+    """The messages matching `doomed` (a condition on `messages`), and their tool answers.
 
-    The answers are found as :meth:`MessageRetention.delete_before` finds them:
-    the ``tool`` messages whose block (the nearest earlier message of another
-    role) starts with a doomed message, whatever their own columns hold.
+    The answers are found as
+    [`MessageRetention.delete_before`][memorm.repositories.MessageRepository.delete_before]
+    finds them: the `tool` messages whose block (the nearest earlier message of
+    another role) starts with a doomed message, whatever their own columns hold.
     """
     answer = MESSAGES.alias("answer")
     # Uncorrelated: inside a DELETE FROM messages, these must still read the table afresh.
@@ -63,9 +64,9 @@ def with_answers(doomed: ColumnElement[bool]) -> ColumnElement[bool]:
 def _newer_answers(
     answer: sa.FromClause, owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None
 ) -> ColumnElement[bool]:
-    """``answer`` is a tool message from ``instant`` on whose block's head is older.
+    """`answer` is a tool message from `instant` on whose block's head is older.
 
-    Each candidate looks back one step on the ``(session_id, seq)`` index to the
+    Each candidate looks back one step on the `(session_id, seq)` index to the
     nearest message of another role: the head of its tool-call block.
     """
     return sa.and_(
@@ -78,7 +79,7 @@ def _newer_answers(
 
 
 class MessageRetention(MessageQueries):
-    """The age-based deletion of :class:`~memorm.repositories.MessageRepository`."""
+    """The age-based deletion of [`MessageRepository`][memorm.repositories.MessageRepository]."""
 
     async def delete_before(
         self,
@@ -88,14 +89,14 @@ class MessageRetention(MessageQueries):
         session_id: uuid.UUID | str | None = None,
         dry_run: bool = False,
     ) -> int:
-        """Delete the agent's messages created before ``cutoff`` (of one session, if given).
+        """Delete the agent's messages created before `cutoff` (of one session, if given).
 
         System messages too.  The tool answers of a deleted message go with it
         (they follow it, up to the next message of another role), so no session
         is left with a tool answer whose call is gone.  Sessions stay, even
         when emptied.  Returns how many messages were deleted (with
-        ``dry_run``, how many would be).  For a long purge that commits as it
-        goes, see :func:`memorm.retention.purge_older_than`.
+        `dry_run`, how many would be).  For a long purge that commits as it
+        goes, see [`memorm.retention.purge_older_than`][memorm.retention.purge_older_than].
         """
         owner = as_uuid(agent_id, "agent_id")
         instant = check_aware(cutoff, "cutoff")
@@ -112,9 +113,9 @@ class MessageRetention(MessageQueries):
     async def _count_old(
         self, owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None, expired_at: datetime | None = None
     ) -> int:
-        """How many messages ``delete_before`` would delete.
+        """How many messages `delete_before` would delete.
 
-        ``expired_at``: leave out sessions expired at that instant (a purge of
+        `expired_at`: leave out sessions expired at that instant (a purge of
         expired sessions runs first and takes their messages).
         """
         answer = MESSAGES.alias("answer")
@@ -137,7 +138,7 @@ class MessageRetention(MessageQueries):
     async def _delete_old_batch(
         self, owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None, size: int
     ) -> int:
-        """Delete up to ``size`` messages created before ``instant``, oldest first; returns how many."""
+        """Delete up to `size` messages created before `instant`, oldest first; returns how many."""
         doomed = (
             sa.select(MESSAGES.c.id, MESSAGES.c.session_id)
             .where(_old(owner, instant, chat))

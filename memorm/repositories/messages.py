@@ -1,14 +1,15 @@
-"""``uow.messages``: the chat log (recall memory).
+"""`uow.messages`: the chat log (recall memory).
 
-A session's messages are ordered by ``seq``.  Appends take numbers from the
-session's ``next_seq`` counter (gap-free); :meth:`MessageRepository.prepend`
-and :meth:`MessageRepository.replace_system` take numbers below the lowest one,
-so no existing row is renumbered.  The *system message* is the session's first
-message when its role is ``system``; context windows pin it, trims keep it and
-prepends go right after it.
+A session's messages are ordered by `seq`.  Appends take numbers from the
+session's `next_seq` counter (gap-free);
+[`MessageRepository.prepend`][memorm.repositories.MessageRepository.prepend] and
+[`MessageRepository.replace_system`][memorm.repositories.MessageRepository.replace_system]
+take numbers below the lowest one, so no existing row is renumbered.  The
+*system message* is the session's first message when its role is `system`;
+context windows pin it, trims keep it and prepends go right after it.
 
-Tool calls travel in blocks: an assistant message with ``tool_calls`` followed
-by the ``tool`` messages answering it.  Trims and context windows cut only
+Tool calls travel in blocks: an assistant message with `tool_calls` followed
+by the `tool` messages answering it.  Trims and context windows cut only
 between blocks, never inside one.
 """
 
@@ -43,7 +44,7 @@ _ALLOCATE = (
 
 
 class MessageRepository(MessageRetention):
-    """Messages of a session, ordered by ``seq``."""
+    """Messages of a session, ordered by `seq`."""
 
     def __init__(self, session: AsyncSession, *, token_counter: TokenCounter = estimate_tokens) -> None:
         super().__init__(session)
@@ -56,15 +57,15 @@ class MessageRepository(MessageRetention):
     ) -> list[Message]:
         """Append one message or a batch to the session, atomically.
 
-        Messages are ``Message`` objects or dicts with the same fields; an
-        assistant message with ``tool_calls`` and the ``tool`` messages answering
+        Messages are `Message` objects or dicts with the same fields; an
+        assistant message with `tool_calls` and the `tool` messages answering
         it can come in one batch.  Sequence numbers come from the database (one
-        ``UPDATE … RETURNING`` on the session's counter), so concurrent
-        appenders never collide or leave gaps.  ``token_count`` is kept when
+        `UPDATE … RETURNING` on the session's counter), so concurrent
+        appenders never collide or leave gaps.  `token_count` is kept when
         given, else estimated by the database's token counter.
 
-        Returns the stored messages in order; ``Message`` inputs are those same
-        objects, filled in (``seq``, ``session_id``, ``agent_id``, timestamps).
+        Returns the stored messages in order; `Message` inputs are those same
+        objects, filled in (`seq`, `session_id`, `agent_id`, timestamps).
         """
         key = as_uuid(session_id, "session_id")
         batch, rows = check_batch(messages)
@@ -131,11 +132,11 @@ class MessageRepository(MessageRetention):
         return (await self._store(key, agent_id, [row], [row], first_seq=first))[0]
 
     async def trim(self, session_id: uuid.UUID | str, *, keep_last: int) -> int:
-        """Delete the oldest messages, keeping the system message and the newest ``keep_last``.
+        """Delete the oldest messages, keeping the system message and the newest `keep_last`.
 
         The cut never falls inside a tool-call block: when the oldest kept
-        message would be a ``tool`` answer, the cut moves forward past the
-        block's answers, so at most ``keep_last`` messages remain besides the
+        message would be a `tool` answer, the cut moves forward past the
+        block's answers, so at most `keep_last` messages remain besides the
         system message.  Returns how many messages were deleted.
         """
         key = as_uuid(session_id, "session_id")
@@ -176,10 +177,10 @@ class MessageRepository(MessageRetention):
             raise NotFoundError(f"no message {key}")
 
     async def delete_after(self, session_id: uuid.UUID | str, seq: int) -> int:
-        """Delete every message after ``seq`` (rewinding a crashed step); returns how many.
+        """Delete every message after `seq` (rewinding a crashed step); returns how many.
 
         The session's counter rewinds too, so the next append continues at
-        ``seq + 1``.  ``seq`` is any 64-bit integer; seqs are 32-bit, so one
+        `seq + 1`.  `seq` is any 64-bit integer; seqs are 32-bit, so one
         below them all deletes everything (numbering restarts at the lowest
         seq) and one at or above the highest deletes nothing.
         """
@@ -228,7 +229,7 @@ class MessageRepository(MessageRetention):
     # -- helpers ------------------------------------------------------------
 
     async def _allocate(self, key: uuid.UUID, count: int) -> tuple[uuid.UUID, int]:
-        """Take ``count`` numbers from the session's counter; returns (agent_id, new next_seq).
+        """Take `count` numbers from the session's counter; returns (agent_id, new next_seq).
 
         The UPDATE locks the session row (Postgres) until the unit of work ends,
         so concurrent appenders queue here and their numbers never interleave.
@@ -246,7 +247,7 @@ class MessageRepository(MessageRetention):
         return await self._allocate(key, 0)
 
     async def _head(self, key: uuid.UUID) -> tuple[int, str] | None:
-        """``(seq, role)`` of the session's first message."""
+        """`(seq, role)` of the session's first message."""
         row = (
             await self._execute(
                 sa.select(MESSAGES.c.seq, MESSAGES.c.role)
@@ -269,7 +270,7 @@ class MessageRepository(MessageRetention):
         *,
         first_seq: int,
     ) -> list[Message]:
-        """Number, complete and insert checked rows (token counts filled in); returns ``Message`` objects."""
+        """Number, complete and insert checked rows (token counts filled in); returns `Message` objects."""
         now = utcnow()
         stored: list[Message] = []
         for seq, (item, row) in enumerate(zip(batch, rows, strict=True), start=first_seq):

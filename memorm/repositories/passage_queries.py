@@ -53,7 +53,7 @@ def _check_model_name(name: object) -> str:
 
 
 def _check_shape(dim: object, precision: object) -> None:
-    """An embedding model's shape: 1 to 16,000 dimensions, stored at one of :data:`_PRECISIONS`."""
+    """An embedding model's shape: 1 to 16,000 dimensions, stored at one of `_PRECISIONS`."""
     check_int(dim, "dim", minimum=1, maximum=16000)
     _check_precision(precision)
 
@@ -79,7 +79,7 @@ def _check_k(k: object, field: str = "k") -> int:
 
 
 class PassageQueries(Repository):
-    """The read side of :class:`~memorm.repositories.PassageRepository`."""
+    """The read side of [`PassageRepository`][memorm.repositories.PassageRepository]."""
 
     def __init__(self, session: Any, *, cache: VectorCache | None = None) -> None:
         super().__init__(session)
@@ -87,7 +87,7 @@ class PassageQueries(Repository):
         self._models: dict[tuple[uuid.UUID, str], EmbeddingModel] = {}
 
     async def get_model(self, agent_id: uuid.UUID | str, name: str) -> EmbeddingModel:
-        """One of the agent's models; ``NotFoundError`` if it has none of that name."""
+        """One of the agent's models; `NotFoundError` if it has none of that name."""
         key = as_uuid(agent_id, "agent_id")
         model = _check_model_name(name)
         found = await self._lookup(key, model)
@@ -115,7 +115,7 @@ class PassageQueries(Repository):
     # -- reading ------------------------------------------------------------
 
     async def get(self, passage_id: uuid.UUID | str) -> ArchivalPassage:
-        """The passage with this id; ``NotFoundError`` if there is none."""
+        """The passage with this id; `NotFoundError` if there is none."""
         key = as_uuid(passage_id, "passage_id")
         found = await self._load([key])
         if not found:
@@ -163,13 +163,24 @@ class PassageQueries(Repository):
         offset: int = 0,
         ef_search: int | None = None,
     ) -> builtins.list[ScoredPassage]:
-        """The ``k`` passages nearest ``embedding``, best first (ties by id).
+        """The `k` passages nearest `embedding`, best first (ties by id).
 
-        Only passages of ``embedding_model`` are compared.  ``where`` filters on
-        ``meta`` and ``created_at`` in SQL, before the limit, so a filtered
-        search still returns ``k`` hits when ``k`` exist.  On Postgres an HNSW
-        index (:meth:`ensure_index`) is used when it exists, with ``ef_search``
-        candidates per query (pgvector's default is 40).
+        On Postgres an HNSW index
+        ([`ensure_index`][memorm.repositories.PassageRepository.ensure_index]) is
+        used when it exists.
+
+        Args:
+            agent_id: the agent whose passages to search.
+            embedding: the query vector, of the model's dimension.
+            k: how many passages at most.
+            embedding_model: only passages of this model are compared.
+            metric: `"cosine"`, `"l2"` or `"inner_product"`.
+            where: filters on `meta` and `created_at`, applied in SQL before
+                the limit, so a filtered search still returns `k` hits when
+                `k` exist.
+            offset: how many of the nearest passages to skip.
+            ef_search: on Postgres, the HNSW index's candidates per query
+                (pgvector's default is 40).
         """
         key = as_uuid(agent_id, "agent_id")
         vector = check_vector(embedding)
@@ -249,9 +260,19 @@ class PassageQueries(Repository):
     ) -> builtins.list[ScoredPassage]:
         """Text and vector search fused by reciprocal rank (score = sum of 1 / (60 + rank)).
 
-        Each side contributes its best ``candidates`` (default ``4 * k``, at
-        most 1000); ``distance`` is the vector distance, or None for passages
-        only the text search found.
+        `distance` is the vector distance, or None for passages only the text
+        search found.
+
+        Args:
+            agent_id: the agent whose passages to search.
+            query: the words for the full-text side.
+            embedding: the query vector for the vector side.
+            k: how many passages at most.
+            embedding_model: both sides search only passages of this model.
+            metric: the vector side's metric, as in `search`.
+            where: filters on `meta` and `created_at`, for both sides.
+            candidates: each side contributes its best `candidates` (default
+                `4 * k`, at most 1000).
         """
         _check_k(k)
         pool = _check_k(candidates if candidates is not None else min(1000, 4 * k), "candidates")

@@ -1,11 +1,12 @@
-"""``uow.passages``: archival memory, text with its embedding in one row.
+"""`uow.passages`: archival memory, text with its embedding in one row.
 
 Every passage belongs to an agent and an embedding model.  A model has one
 dimension and one storage precision, fixed the first time it is used (or
-declared with :meth:`PassageRepository.define_model`), so vectors of several
-models — 384-d beside 1536-d — live side by side, and only passages of the
+declared with
+[`PassageRepository.define_model`][memorm.repositories.PassageRepository.define_model]),
+so vectors of several models — 384-d beside 1536-d — live side by side, and only passages of the
 same model are ever compared.  Every write bumps the agent's
-``archive_version``, which the SQLite vector cache checks before each search.
+`archive_version`, which the SQLite vector cache checks before each search.
 """
 
 from __future__ import annotations
@@ -66,10 +67,10 @@ class PassageRepository(PassageQueries):
     ) -> EmbeddingModel:
         """Declare one of the agent's embedding models before its first passage.
 
-        ``precision="float16"`` halves storage (``halfvec`` on Postgres, float16
+        `precision="float16"` halves storage (`halfvec` on Postgres, float16
         on SQLite) at about three significant digits per component.  Declaring
         the model again with the same shape is a no-op; another shape raises
-        ``ConflictError``.  Undeclared models are registered as float32 by their
+        `ConflictError`.  Undeclared models are registered as float32 by their
         first passage.
         """
         key = as_uuid(agent_id, "agent_id")
@@ -87,7 +88,7 @@ class PassageRepository(PassageQueries):
     async def _model(
         self, agent_id: uuid.UUID, name: str, dim: int, *, precision: str = "float32", check_dim: bool = True
     ) -> EmbeddingModel:
-        """The agent's model called ``name``, registered with this shape on first use."""
+        """The agent's model called `name`, registered with this shape on first use."""
         found = await self._lookup(agent_id, name)
         if found is None:
             model = EmbeddingModel(agent_id=agent_id, name=name, dim=dim, precision=precision)
@@ -130,8 +131,8 @@ class PassageRepository(PassageQueries):
     ) -> builtins.list[ArchivalPassage]:
         """Store many passages in one bulk insert (COPY on Postgres); all or nothing.
 
-        Items are dicts (``text``, ``embedding``, optional ``embedding_model``,
-        ``meta``, ``id``, ``created_at``) or ``ArchivalPassage`` objects.
+        Items are dicts (`text`, `embedding`, optional `embedding_model`,
+        `meta`, `id`, `created_at`) or `ArchivalPassage` objects.
         """
         key = as_uuid(agent_id, "agent_id")
         given = check_list(items, "items", "passages (dicts or ArchivalPassage objects)")
@@ -243,7 +244,7 @@ class PassageRepository(PassageQueries):
         await self._execute(sa.delete(PASSAGES).where(PASSAGES.c.id == key))
 
     async def delete_where(self, agent_id: uuid.UUID | str, where: Filter) -> int:
-        """Delete the agent's passages matching ``where`` (see :mod:`memorm.search.filters`).
+        """Delete the agent's passages matching `where` (see `memorm.search.filters`).
 
         Returns how many were deleted.
         """
@@ -270,10 +271,10 @@ class PassageRepository(PassageQueries):
     async def delete_before(
         self, agent_id: uuid.UUID | str, cutoff: datetime, *, dry_run: bool = False
     ) -> int:
-        """Delete the agent's passages created before ``cutoff``; returns how many.
+        """Delete the agent's passages created before `cutoff`; returns how many.
 
-        With ``dry_run``, counts them and deletes nothing.  For a long purge
-        that commits as it goes, see :func:`memorm.retention.purge_older_than`.
+        With `dry_run`, counts them and deletes nothing.  For a long purge
+        that commits as it goes, see [`memorm.retention.purge_older_than`][memorm.retention.purge_older_than].
         """
         key = as_uuid(agent_id, "agent_id")
         instant = check_aware(cutoff, "cutoff")
@@ -289,7 +290,7 @@ class PassageRepository(PassageQueries):
                 return deleted
 
     async def _delete_old_batch(self, key: uuid.UUID, instant: datetime, size: int) -> int:
-        """Delete up to ``size`` of the agent's passages created before ``instant``, oldest first."""
+        """Delete up to `size` of the agent's passages created before `instant`, oldest first."""
         doomed = list(
             (
                 await self._execute(
@@ -327,13 +328,13 @@ class PassageRepository(PassageQueries):
         """Build the HNSW index for (model, dim, metric) on Postgres, if missing; returns its name.
 
         One index serves every agent's passages of that model name and
-        dimension (stored at ``precision``); searches with that metric use it.
+        dimension (stored at `precision`); searches with that metric use it.
         A no-op on SQLite, which searches exactly.  Runs inside the unit of
-        work, and ``CREATE INDEX`` blocks writes to the table while it builds:
+        work, and `CREATE INDEX` blocks writes to the table while it builds:
         for a live table, use the migration pattern in the docs
-        (``CREATE INDEX CONCURRENTLY``).  ``m`` (2 to 100) and ``ef_construction``
-        (4 to 1000, at least ``2 * m``) are pgvector's build options; other
-        values raise ``ValidationError`` on both engines.
+        (`CREATE INDEX CONCURRENTLY`).  `m` (2 to 100) and `ef_construction`
+        (4 to 1000, at least `2 * m`) are pgvector's build options; other
+        values raise `ValidationError` on both engines.
         """
         _check_shape(dim, precision)
         shape = EmbeddingModel(name=_check_model_name(embedding_model), dim=dim, precision=precision)

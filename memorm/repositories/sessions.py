@@ -1,4 +1,4 @@
-"""``uow.sessions``: an agent's conversations."""
+"""`uow.sessions`: an agent's conversations."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def _check_key(key: object) -> str:
 
 
 Lifetime = timedelta | float | int
-"""A session's time to live: a ``timedelta`` or a number of seconds."""
+"""A session's time to live: a `timedelta` or a number of seconds."""
 
 
 class SessionRepository(Repository):
@@ -49,12 +49,12 @@ class SessionRepository(Repository):
         meta: Mapping[str, Any] | None = None,
         ttl: Lifetime | None = None,
     ) -> Session:
-        """A new session of the agent (``NotFoundError`` for an unknown agent).
+        """A new session of the agent (`NotFoundError` for an unknown agent).
 
-        ``key`` is an optional external name (a framework's session id), unique
-        per agent: a taken key raises ``ConflictError``.  The session expires
-        ``ttl`` after its creation (a ``timedelta`` or seconds), else after the
-        agent's ``retention``, else never.
+        `key` is an optional external name (a framework's session id), unique
+        per agent: a taken key raises `ConflictError`.  The session expires
+        `ttl` after its creation (a `timedelta` or seconds), else after the
+        agent's `retention`, else never.
         """
         owner = as_uuid(agent_id, "agent_id")
         lifetime = None if ttl is None else check_duration(ttl, "ttl")
@@ -85,10 +85,10 @@ class SessionRepository(Repository):
         meta: Mapping[str, Any] | None = None,
         ttl: Lifetime | None = None,
     ) -> Session:
-        """The agent's session with this external ``key``, created on first use.
+        """The agent's session with this external `key`, created on first use.
 
         Safe under concurrency: two units of work racing to create the same key
-        both end up with the one session.  ``title``, ``meta`` and ``ttl`` apply
+        both end up with the one session.  `title`, `meta` and `ttl` apply
         only to a session created here.
         """
         owner = as_uuid(agent_id, "agent_id")
@@ -105,7 +105,7 @@ class SessionRepository(Repository):
             return found
 
     async def get_by_key(self, agent_id: uuid.UUID | str, key: str) -> Session | None:
-        """The agent's session with this external ``key``, or None."""
+        """The agent's session with this external `key`, or None."""
         owner = as_uuid(agent_id, "agent_id")
         chat: Session | None = await self._scalar(
             sa.select(Session)
@@ -115,7 +115,7 @@ class SessionRepository(Repository):
         return chat
 
     async def get(self, session_id: uuid.UUID | str) -> Session:
-        """The session with this id; ``NotFoundError`` if there is none."""
+        """The session with this id; `NotFoundError` if there is none."""
         key = as_uuid(session_id, "session_id")
         chat: Session | None = await self._scalar(sa.select(Session).where(SESSIONS.c.id == key))
         if chat is None:
@@ -146,10 +146,10 @@ class SessionRepository(Repository):
     async def touch(
         self, session_id: uuid.UUID | str, *, ttl: Lifetime | None, now: datetime | None = None
     ) -> Session:
-        """Set the session to expire ``ttl`` from now (``None``: never); returns it.
+        """Set the session to expire `ttl` from now (`None`: never); returns it.
 
         Call it as the session is used to keep active sessions alive, as a TTL
-        refresh does in Redis.  ``now`` defaults to the current UTC time.
+        refresh does in Redis.  `now` defaults to the current UTC time.
         """
         key = as_uuid(session_id, "session_id")
         lifetime = None if ttl is None else check_duration(ttl, "ttl")
@@ -170,14 +170,14 @@ class SessionRepository(Repository):
     async def purge_expired(
         self, *, now: datetime | None = None, batch: int = DEFAULT_BATCH, dry_run: bool = False
     ) -> Removed:
-        """Delete every session that expired at or before ``now``, with its messages.
+        """Delete every session that expired at or before `now`, with its messages.
 
-        A session expires at its ``expires_at``: one that expires at exactly
-        ``now`` goes.  Deletes ``batch`` sessions per statement, all in this
+        A session expires at its `expires_at`: one that expires at exactly
+        `now` goes.  Deletes `batch` sessions per statement, all in this
         unit of work; to commit every batch (for a long purge beside live
-        traffic) use :func:`memorm.retention.purge_expired`.  On Postgres,
+        traffic) use [`memorm.retention.purge_expired`][memorm.retention.purge_expired].  On Postgres,
         sessions locked by a concurrent unit of work (an append in flight) are
-        skipped and left for the next purge.  With ``dry_run``, only counts.
+        skipped and left for the next purge.  With `dry_run`, only counts.
         """
         instant = utcnow() if now is None else check_aware(now, "now")
         size = check_batch(batch)
@@ -193,7 +193,7 @@ class SessionRepository(Repository):
             total += removed
 
     async def _purge_batch(self, instant: datetime, size: int) -> Removed:
-        """Delete up to ``size`` sessions expired at ``instant``, soonest expired first."""
+        """Delete up to `size` sessions expired at `instant`, soonest expired first."""
         ids = list(
             (
                 await self._execute(

@@ -1,6 +1,6 @@
 """Search behind one interface per kind; the dialect is chosen here, not in repositories.
 
-* :mod:`memorm.search.text`: full-text search (FTS5 on SQLite, ``tsvector`` +
+* `memorm.search.text`: full-text search (FTS5 on SQLite, `tsvector` +
   GIN on Postgres), with user text turned into safe query terms.
-* :mod:`memorm.search.fts_ddl`: the full-text indexes' DDL for ``create_all``.
+* `memorm.search.fts_ddl`: the full-text indexes' DDL for `create_all`.
 """

@@ -1,16 +1,18 @@
-"""``where=`` filters for archival passages: ``meta`` keys and ``created_at`` ranges, in SQL.
+"""`where=` filters for archival passages: `meta` keys and `created_at` ranges, in SQL.
 
-A filter is a dict::
+A filter is a dict:
 
-    {"topic": "cats"}                            # meta["topic"] == "cats"
-    {"lang": {"$in": ["en", "fr"]}}              # meta["lang"] is one of these
-    {"created_at": {"$gte": start, "$lt": end}}  # a time range ($gt, $gte, $lt, $lte)
+```python
+{"topic": "cats"}                            # meta["topic"] == "cats"
+{"lang": {"$in": ["en", "fr"]}}              # meta["lang"] is one of these
+{"created_at": {"$gte": start, "$lt": end}}  # a time range ($gt, $gte, $lt, $lte)
+```
 
-Several keys must all hold.  Values compare with their JSON types (``1`` is
-not ``"1"``; ``True`` is not ``1``).  Postgres uses jsonb containment
-(``meta @> {...}``, which a GIN index on ``meta`` can serve); SQLite compares
-``json_type`` and ``json_extract``.  Meta keys are letters, digits, ``_`` and
-``-``, so none can reach a JSON path as syntax.
+Several keys must all hold.  Values compare with their JSON types (`1` is
+not `"1"`; `True` is not `1`).  Postgres uses jsonb containment
+(`meta @> {...}`, which a GIN index on `meta` can serve); SQLite compares
+`json_type` and `json_extract`.  Meta keys are letters, digits, `_` and
+`-`, so none can reach a JSON path as syntax.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def _equals(dialect: str, meta: sa.Column[Any], key: str, value: Any) -> ColumnE
 
 
 def compile_filter(dialect: str, table: sa.Table, where: Filter | None) -> list[ColumnElement[bool]]:
-    """SQL conditions for ``where`` on ``table`` (which has ``meta`` and ``created_at``)."""
+    """SQL conditions for `where` on `table` (which has `meta` and `created_at`)."""
     if where is None:
         return []
     if not isinstance(where, Mapping):
@@ -90,7 +92,7 @@ def compile_filter(dialect: str, table: sa.Table, where: Filter | None) -> list[
 async def filter_conditions(
     session: AsyncSession, table: sa.Table, where: Filter | None
 ) -> list[ColumnElement[bool]]:
-    """:func:`compile_filter` for the database ``session`` is on."""
+    """`compile_filter` for the database `session` is on."""
     return compile_filter(session.get_bind().dialect.name, table, where)
 
 

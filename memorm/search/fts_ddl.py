@@ -1,19 +1,19 @@
-"""DDL of the full-text indexes, attached to the metadata for ``create_all``.
+"""DDL of the full-text indexes, attached to the metadata for `create_all`.
 
-Both index the derived ``search_words`` column (:class:`memorm.types.SearchWords`):
+Both index the derived `search_words` column (`memorm.types.SearchWords`):
 the distinct words memorm's normaliser found in the text
-(:mod:`memorm.search.normalize`), so the engines' own tokenizers and the
+(`memorm.search.normalize`), so the engines' own tokenizers and the
 database's locale never decide what a word is.  The indexes are not model
 columns: FTS5 virtual tables exist only on SQLite, the GIN indexes only on
 Postgres.  Migration 0006 creates the same objects (its own frozen copy of
-these statements); autogenerate ignores them (:func:`is_fts_object`).
+these statements); autogenerate ignores them (`is_fts_object`).
 
 * SQLite: an external-content FTS5 table per indexed table, keyed on the
-  source row's ``rowid`` and kept in sync by triggers (insert, delete —
-  including cascades — and updates of the words).  The ``ascii`` tokenizer
+  source row's `rowid` and kept in sync by triggers (insert, delete —
+  including cascades — and updates of the words).  The `ascii` tokenizer
   splits only at the spaces between stored words: every other character,
   and every non-ASCII one, belongs to a word.
-* Postgres: a GIN index on the ``tsvector`` column itself.
+* Postgres: a GIN index on the `tsvector` column itself.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ _SHADOW_SUFFIXES = ("", "_data", "_idx", "_docsize", "_config", "_content")
 
 
 def is_fts_object(name: str | None) -> bool:
-    """Whether ``name`` is one of the full-text objects (for autogenerate to skip)."""
+    """Whether `name` is one of the full-text objects (for autogenerate to skip)."""
     if name is None:
         return False
     for index in FTS_INDEXES:

@@ -3,17 +3,17 @@
 Both engines index and query exactly the words this module finds, so they
 match the same words whatever their tokenizers or the database's locale:
 
-1. Unicode NFKC, full case folding (``str.casefold``), NFKC again: "ΟΔΟΣ",
+1. Unicode NFKC, full case folding (`str.casefold`), NFKC again: "ΟΔΟΣ",
    "οδος" and "οδοσ" are one word, as are NFC and NFD "café", "Straße" and
    "STRASSE", "ﬁ" and "fi".  Accents stay significant ("café" is not "cafe"),
    and "İ" folds to "i" with a combining dot, so "İstanbul" is not "istanbul".
 2. A word is a maximal run of letters, digits and combining marks (Unicode
-   categories L*, N*, M*); everything else separates words (``_`` too).
-3. A word longer than :data:`MAX_WORD_CHARS` keeps its first
-   :data:`MAX_WORD_CHARS` characters, in documents and queries alike, so a
+   categories L*, N*, M*); everything else separates words (`_` too).
+3. A word longer than `MAX_WORD_CHARS` keeps its first
+   `MAX_WORD_CHARS` characters, in documents and queries alike, so a
    very long word is still found (as is any word sharing those characters).
-4. A text's distinct words are indexed up to :data:`MAX_INDEX_BYTES` (the
-   size of one Postgres ``tsvector``), in the order they first appear.
+4. A text's distinct words are indexed up to `MAX_INDEX_BYTES` (the
+   size of one Postgres `tsvector`), in the order they first appear.
 
 The character classes come from Python's own Unicode database, so words are
 the same on every engine for a given Python; a Python with a newer Unicode
@@ -43,7 +43,7 @@ _ASCII_FOLD = bytes(
 
 
 def _runs(flags: list[bool], start: int) -> list[tuple[int, int]]:
-    """The (first, last) code points of each run of True in ``flags``."""
+    """The (first, last) code points of each run of True in `flags`."""
     found: list[tuple[int, int]] = []
     first = None
     for offset, flag in enumerate(flags):
@@ -65,10 +65,10 @@ def _class(ranges: list[tuple[int, int]]) -> str:
 def _word_pattern() -> re.Pattern[str]:
     """Runs of L*, N* and M* characters (built on first use: ~50 ms of Unicode tables).
 
-    Python's ``re`` has no Unicode categories beyond ``\\w``, which leaves out
-    combining marks.  The BMP's word characters form one class that ``re``
+    Python's `re` has no Unicode categories beyond `\\w`, which leaves out
+    combining marks.  The BMP's word characters form one class that `re`
     checks with a bitmap; astral ones (historic scripts, supplementary marks;
-    emoji are not word characters) are in a class ``re`` searches range by
+    emoji are not word characters) are in a class `re` searches range by
     range, so a guard keeps every BMP character away from it.
     """
     category = unicodedata.category
@@ -88,12 +88,13 @@ def _fold(text: str) -> str:
 
 
 def words(text: str) -> list[str]:
-    """The words of ``text`` in order, repeats included (see the module docstring).
+    """The words of `text` in order, repeats included (see the module docstring).
 
-    Example::
-
+    Example:
+        ```pycon
         >>> words("ΟΔΟΣ, Straße & snake_case ﬁle")
         ['οδοσ', 'strasse', 'snake', 'case', 'file']
+        ```
     """
     if text.isascii():
         found = text.encode("ascii").translate(_ASCII_FOLD).decode("ascii").split()
@@ -105,10 +106,10 @@ def words(text: str) -> list[str]:
 
 
 def index_words(text: str) -> list[bytes]:
-    """The distinct words of ``text``, UTF-8, in byte order: what the index stores.
+    """The distinct words of `text`, UTF-8, in byte order: what the index stores.
 
-    Byte order is the order of Postgres' ``tsvector`` lexemes (and of code
-    points).  A ``tsvector`` holds at most :data:`MAX_INDEX_BYTES` of
+    Byte order is the order of Postgres' `tsvector` lexemes (and of code
+    points).  A `tsvector` holds at most `MAX_INDEX_BYTES` of
     lexemes, so from text whose distinct words take more (megabytes of
     different words) only the words seen first, up to that size, are kept,
     on both engines alike.

@@ -2,12 +2,12 @@
 
 Search strings come from users and from LLMs, so they are never handed to an
 FTS parser as written: they go through the same normaliser as the indexed
-text (:func:`memorm.search.normalize.words`), which keeps only letters, digits
-and combining marks, so quotes, ``AND``/``OR``/``NEAR``, ``*``, ``:``, ``&``,
-``|``, ``!``, parentheses and SQL all become plain words or vanish.  Each
+text (`memorm.search.normalize.words`), which keeps only letters, digits
+and combining marks, so quotes, `AND`/`OR`/`NEAR`, `*`, `:`, `&`,
+`|`, `!`, parentheses and SQL all become plain words or vanish.  Each
 engine then gets the words in a form it cannot parse as syntax: double-quoted
-FTS5 strings on SQLite, quoted lexemes of ``tsquery`` input on Postgres
-(never ``to_tsquery``, whose parser depends on the database's locale).  All
+FTS5 strings on SQLite, quoted lexemes of `tsquery` input on Postgres
+(never `to_tsquery`, whose parser depends on the database's locale).  All
 words must match.
 """
 
@@ -21,7 +21,7 @@ MAX_TERMS = 32
 
 
 def query_terms(query: str) -> list[str]:
-    """The distinct words of ``query``, in order, at most :data:`MAX_TERMS`."""
+    """The distinct words of `query`, in order, at most `MAX_TERMS`."""
     return list(dict.fromkeys(words(query)))[:MAX_TERMS]
 
 
@@ -31,5 +31,5 @@ def fts5_query(terms: list[str]) -> str:
 
 
 def tsquery(terms: list[str]) -> str:
-    """``tsquery`` input requiring every term: each one a quoted lexeme, taken verbatim."""
+    """`tsquery` input requiring every term: each one a quoted lexeme, taken verbatim."""
     return " & ".join("'" + term.replace("\\", "\\\\").replace("'", "''") + "'" for term in terms)

@@ -1,10 +1,10 @@
-"""Full-text search: one function, FTS5 on SQLite and ``tsvector`` on Postgres.
+"""Full-text search: one function, FTS5 on SQLite and `tsvector` on Postgres.
 
-Both engines match the same stored words (:mod:`memorm.search.normalize`).
-Results are ordered by relevance (FTS5's ``bm25``; Postgres' ``ts_rank``),
+Both engines match the same stored words (`memorm.search.normalize`).
+Results are ordered by relevance (FTS5's `bm25`; Postgres' `ts_rank`),
 then newest first, then by id, so equal scores still page deterministically.
 Each row stores every distinct word once, so both scores come down to the
-same order: rows with fewer distinct words first.  ``total`` counts every
+same order: rows with fewer distinct words first.  `total` counts every
 match under the same filters.
 """
 
@@ -65,7 +65,7 @@ async def search_page(
     limit: int,
     offset: int,
 ) -> Page[T]:
-    """One page of ``entity`` rows whose indexed text matches every word of ``query``."""
+    """One page of `entity` rows whose indexed text matches every word of `query`."""
     check_limit(limit, offset)
     terms = query_terms(query)
     if not terms:
@@ -94,9 +94,9 @@ async def merge_deleted(session: AsyncSession, index: FullTextIndex) -> None:
     """Make deleted rows' words unreadable in the index's own storage.
 
     FTS5 records a delete as a marker in a new segment; the word stays in the
-    older segments (and so in ``*_fts_data``) until they merge, so merge them
-    all now.  A Postgres GIN index drops dead entries on ``VACUUM``
-    (:meth:`memorm.Database.scrub`), which cannot run in a transaction.
+    older segments (and so in `*_fts_data`) until they merge, so merge them
+    all now.  A Postgres GIN index drops dead entries on `VACUUM`
+    ([`memorm.Database.scrub`][memorm.db.Database.scrub]), which cannot run in a transaction.
     """
     if session.get_bind().dialect.name == "sqlite":
         async with guarded(session):

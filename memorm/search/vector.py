@@ -1,25 +1,23 @@
 """Nearest-neighbour search over archival passages: pgvector on Postgres, numpy on SQLite.
 
-:func:`nearest` returns ``(passage_id, distance)`` pairs, best first, ties
-broken by id, for one agent's passages of one embedding model.  Distances are
+`nearest` returns `(passage_id, distance)` pairs, best first, ties broken
+by id, for one agent's passages of one embedding model.  Distances are
 the metric's own values, as pgvector defines them:
 
-=================  ==========================  =====================
-metric             distance                    score (higher better)
-=================  ==========================  =====================
-``cosine``         1 - cosine similarity       cosine similarity
-``l2``             Euclidean distance          1 / (1 + distance)
-``inner_product``  minus the inner product     the inner product
-=================  ==========================  =====================
+| metric          | distance                | score (higher better) |
+|-----------------|-------------------------|-----------------------|
+| `cosine`        | 1 - cosine similarity   | cosine similarity     |
+| `l2`            | Euclidean distance      | 1 / (1 + distance)    |
+| `inner_product` | minus the inner product | the inner product     |
 
-* Postgres: ``ORDER BY embedding::vector(d) <op> q LIMIT k`` with every filter
-  in the WHERE clause.  :func:`ensure_index` builds a partial HNSW index per
+* Postgres: `ORDER BY embedding::vector(d) <op> q LIMIT k` with every filter
+  in the WHERE clause.  `ensure_index` builds a partial HNSW index per
   (model, dimension, metric); the query repeats the index's cast and model
   predicate (as a literal, so generic plans match it too), and pgvector's
-  iterative scan keeps a filtered search returning ``k`` rows when ``k`` exist.
+  iterative scan keeps a filtered search returning `k` rows when `k` exist.
 * SQLite: exact search with numpy in a worker thread, over an in-process
   matrix per (agent, model) that is reloaded whenever the agent's
-  ``archive_version`` (bumped by every passage write, from any connection or
+  `archive_version` (bumped by every passage write, from any connection or
   process) has moved.
 """
 
@@ -105,7 +103,7 @@ def _bounded(value: object, field: str, low: int, high: int) -> int:
 
 
 def check_build_options(m: object, ef_construction: object) -> tuple[int, int]:
-    """HNSW build options as pgvector takes them: ``m`` 2..100, ``ef_construction`` 4..1000 and >= 2m.
+    """HNSW build options as pgvector takes them: `m` 2..100, `ef_construction` 4..1000 and >= 2m.
 
     Checked on both engines, so code that passes on SQLite is not refused by Postgres.
     """
@@ -141,7 +139,7 @@ def index_name(model: str, dim: int, metric: str, precision: str = "float32") ->
 def _model_predicate(model: EmbeddingModel) -> ColumnElement[bool]:
     """The partial indexes' predicate: this model name at this dimension.
 
-    Bound with ``literal_execute``: rendered into the SQL, so the planner can
+    Bound with `literal_execute`: rendered into the SQL, so the planner can
     match the partial index even from a generic (cached) plan.
     """
     return sa.and_(
@@ -153,7 +151,7 @@ def _model_predicate(model: EmbeddingModel) -> ColumnElement[bool]:
 async def ensure_index(
     session: AsyncSession, model: EmbeddingModel, metric: str, *, m: int, ef_construction: int
 ) -> str:
-    """Create the HNSW index for ``model`` and ``metric`` if it does not exist (Postgres only).
+    """Create the HNSW index for `model` and `metric` if it does not exist (Postgres only).
 
     Storage parameters cannot be bound, so the DDL carries only the checked
     integers; the model name reaches it as a quoted literal.
@@ -256,7 +254,7 @@ class VectorCache:
                 del self._entries[key]
 
     async def matrix(self, session: AsyncSession, agent_id: uuid.UUID, model: EmbeddingModel) -> _Matrix:
-        """The agent's vectors for ``model``, reloaded if the archive changed since they were read."""
+        """The agent's vectors for `model`, reloaded if the archive changed since they were read."""
         version = await session.scalar(sa.select(AGENTS.c.archive_version).where(AGENTS.c.id == agent_id))
         if version is None:
             raise NotFoundError(f"no agent {agent_id}")
@@ -307,7 +305,7 @@ async def _load(session: AsyncSession, agent_id: uuid.UUID, model: EmbeddingMode
 
 
 def _metric(vectors: NDArray[Any], norms: NDArray[Any], query: NDArray[Any], metric: str) -> NDArray[Any]:
-    """Each row's distance to ``query``, in the arrays' precision (NaN for a zero-norm cosine)."""
+    """Each row's distance to `query`, in the arrays' precision (NaN for a zero-norm cosine)."""
     import numpy as np
 
     dots = vectors @ query
@@ -326,7 +324,7 @@ def _metric(vectors: NDArray[Any], norms: NDArray[Any], query: NDArray[Any], met
 def _distances(
     matrix: _Matrix, rows: NDArray[np.intp] | None, query: NDArray[np.float64], metric: str, want: int
 ) -> list[tuple[int, float]]:
-    """Row positions and distances of the ``want`` nearest rows.
+    """Row positions and distances of the `want` nearest rows.
 
     A float32 pass over the whole matrix picks candidates (with a margin, so
     rounding cannot drop a true neighbour); float64 then gives their exact
@@ -405,7 +403,7 @@ async def nearest(
     offset: int,
     ef_search: int | None = None,
 ) -> list[tuple[uuid.UUID, float]]:
-    """The ``k`` nearest passages (after ``offset``): ``(id, distance)``, best first."""
+    """The `k` nearest passages (after `offset`): `(id, distance)`, best first."""
     connection = await session.connection()
     if connection.dialect.name == "postgresql":
         scope = [PASSAGES.c.agent_id == agent_id, *where]

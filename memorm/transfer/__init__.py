@@ -1,16 +1,17 @@
 """Moving whole databases: copies between engines, JSON Lines export and import.
 
 These are infrastructure, not the agent loop: they read memorm's tables with
-SQLAlchemy Core in keyset-paged batches (:mod:`memorm.transfer.rows`), write
-with the bulk path of :mod:`memorm.driver`, and never hold a whole table in
+SQLAlchemy Core in keyset-paged batches (`memorm.transfer.rows`), write
+with the bulk path of `memorm.driver`, and never hold a whole table in
 memory.  Every write skips rows whose id the destination already has, so an
 interrupted run can simply be run again.
 
-Example::
-
+Example:
+    ```python
     async with Database("sqlite:///agents.db") as src, Database(pg_url) as dst:
         report = await copy_database(src, dst)
         assert not report.problems
+    ```
 """
 
 from memorm.transfer.copy import CopyReport, copy_database

@@ -1,13 +1,13 @@
 """One exported row, checked as the public API checks its input, before an import writes anything.
 
-The rules are the API's own functions (:mod:`memorm.validation` and the
+The rules are the API's own functions (`memorm.validation` and the
 repositories' input checks), applied to the columns the API takes from
 callers; the columns it assigns itself (counters, sequence numbers, the
 agent of a message) get the storage rules every column has: not null where
 the schema says so, integers that fit their column, text without NUL or
 lone surrogates, finite JSON.  Checks that need other rows (a message's
 agent is its session's, a vector has its model's shape) live in
-:mod:`memorm.transfer.references`.
+`memorm.transfer.references`.
 """
 
 from __future__ import annotations
@@ -133,10 +133,10 @@ _CHECKS: dict[str, Callable[[Values], None]] = {
 
 
 def check_row(table: sa.Table, row: tuple[Any, ...]) -> Values:
-    """``row`` of ``table`` as a dict by column, checked; ``ValidationError`` names the column.
+    """`row` of `table` as a dict by column, checked; `ValidationError` names the column.
 
     Raises:
-        ValidationError: ``table.column: problem``.
+        ValidationError: `table.column: problem`.
     """
     values = dict(zip(column_names(table), row, strict=True))
     try:

@@ -1,7 +1,7 @@
 """Rows <-> JSON-safe dicts: uuids as strings, datetimes in ISO 8601, embeddings as lists.
 
 The same encoding serves the JSON Lines files and the checksums: a row's
-canonical form (:func:`canonical`) is its JSON-safe values with JSON keys
+canonical form (`canonical`) is its JSON-safe values with JSON keys
 sorted, so two databases holding equal rows produce equal bytes whatever
 their engines.
 """
@@ -72,7 +72,7 @@ def _decoders(table: sa.Table) -> tuple[Convert, ...]:
 
 
 def to_json_row(table: sa.Table, row: Row) -> dict[str, Any]:
-    """``row`` of ``table`` as a dict of JSON-safe values, keyed by column."""
+    """`row` of `table` as a dict of JSON-safe values, keyed by column."""
     return {
         name: value if encode is None or value is None else encode(value)
         for name, encode, value in zip(column_names(table), _encoders(table), row, strict=True)
@@ -80,7 +80,7 @@ def to_json_row(table: sa.Table, row: Row) -> dict[str, Any]:
 
 
 def _added_later(column: sa.Column[Any]) -> tuple[bool, Any]:
-    """Whether an export from an older revision may lack ``column``, and the value it then takes."""
+    """Whether an export from an older revision may lack `column`, and the value it then takes."""
     default = column.default
     if isinstance(default, ScalarElementColumnDefault):
         return True, default.arg
@@ -88,9 +88,9 @@ def _added_later(column: sa.Column[Any]) -> tuple[bool, Any]:
 
 
 def from_json_row(table: sa.Table, data: Mapping[str, Any], *, older: bool = False) -> Row:
-    """The row of ``table`` that :func:`to_json_row` encoded as ``data``.
+    """The row of `table` that `to_json_row` encoded as `data`.
 
-    ``older``: the row comes from an earlier schema revision, so columns added
+    `older`: the row comes from an earlier schema revision, so columns added
     since (nullable, or with a plain default) may be absent and take that value.
 
     Raises:
@@ -121,7 +121,7 @@ def from_json_row(table: sa.Table, data: Mapping[str, Any], *, older: bool = Fal
 
 
 def canonical(table: sa.Table, row: Row) -> bytes:
-    """The bytes a checksum takes for ``row``: its JSON-safe values in column order, UTF-8.
+    """The bytes a checksum takes for `row`: its JSON-safe values in column order, UTF-8.
 
     A list, not a dict: the column order is the schema's on both engines.  Keys
     inside JSON documents are sorted, since jsonb does not keep their order.

@@ -4,12 +4,12 @@ Tables go in dependency order, each in keyset-paged batches: read a batch
 from the source, ask the destination which of its ids it has, bulk-insert the
 rest (COPY on Postgres) and commit.  Memory stays at one batch, and a second
 run inserts nothing.  Rows are copied verbatim, counters included
-(``sessions.next_seq``, ``agents.archive_version``), so the copy carries on
+(`sessions.next_seq`, `agents.archive_version`), so the copy carries on
 exactly where the source stands.
 
 The source's checksums are taken from the batches as they are copied; a
 verification pass then reads the destination and compares (see
-:mod:`memorm.transfer.verify`).
+`memorm.transfer.verify`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class CopyReport:
     Attributes:
         inserted: rows written to the destination.
         skipped: rows the destination already had (by id).
-        source: the source's digests; ``destination`` the destination's (empty unverified).
+        source: the source's digests; `destination` the destination's (empty unverified).
         problems: one line per table that differs; empty when the copy verified.
     """
 
@@ -58,20 +58,20 @@ async def copy_database(
     verify: bool = True,
     reporter: Reporter | None = None,
 ) -> CopyReport:
-    """Copy every agent, embedding model, session, message and passage of ``source`` into ``destination``.
+    """Copy every agent, embedding model, session, message and passage of `source` into `destination`.
 
     The source must be at head.  An empty destination (no memorm schema) is
     migrated to head first; one with a memorm schema must be at head too
-    (``SchemaError`` otherwise, naming ``memorm db upgrade``): see
-    :func:`~memorm.transfer.target.prepare_destination`.  Rows whose id the
+    (`SchemaError` otherwise, naming `memorm db upgrade`): see
+    `prepare_destination`.  Rows whose id the
     destination has are skipped, so the copy can be re-run after an
     interruption.
 
     Args:
         batch_size: rows read and written per statement and transaction.
         verify: compare row counts and checksums of both sides afterwards;
-            differences land in :attr:`CopyReport.problems`.
-        reporter: progress (see :class:`~memorm.transfer.rows.Reporter`).
+            differences land in `CopyReport.problems`.
+        reporter: progress (see [`Reporter`][memorm.progress.Reporter]).
     """
     report = reporter or Silent()
     await source.check_schema()
@@ -105,7 +105,7 @@ async def verify_copy(
 ) -> CopyReport:
     """Compare two databases without copying: counts and checksums of every table.
 
-    Both must be at head (``SchemaError`` otherwise); nothing is written.
+    Both must be at head (`SchemaError` otherwise); nothing is written.
     """
     await source.check_schema()
     await destination.check_schema()

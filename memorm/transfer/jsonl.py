@@ -1,21 +1,23 @@
-"""``memorm export`` / ``memorm import``: a database as JSON Lines.
+"""`memorm export` / `memorm import`: a database as JSON Lines.
 
 The file's first line is a header, then one record per row, tables in
-dependency order, then an end record with the counts actually written::
+dependency order, then an end record with the counts actually written:
 
-    {"memorm": "0.1.0", "revision": "0004", "tables": {"agents": 2, …}}
-    {"table": "agents", "row": {"id": "0190…", "name": "sam", …}}
-    …
-    {"end": true, "tables": {"agents": 2, …}}
+```text
+{"memorm": "0.1.0", "revision": "0004", "tables": {"agents": 2, …}}
+{"table": "agents", "row": {"id": "0190…", "name": "sam", …}}
+…
+{"end": true, "tables": {"agents": 2, …}}
+```
 
-Rows use the JSON-safe encoding of :mod:`memorm.transfer.codec`.  The header's
+Rows use the JSON-safe encoding of `memorm.transfer.codec`.  The header's
 counts are taken before the rows are read (for progress); the end record's
-are exact, and its absence marks a truncated file.  Files ending in ``.gz``
+are exact, and its absence marks a truncated file.  Files ending in `.gz`
 are gzip-compressed.
 
 An import reads the file twice: it checks every row first, alone
-(:mod:`memorm.transfer.checks`) and against the others and the database
-(:mod:`memorm.transfer.references`), so a bad file is refused by line with
+(`memorm.transfer.checks`) and against the others and the database
+(`memorm.transfer.references`), so a bad file is refused by line with
 nothing written; then it writes.
 """
 
@@ -67,7 +69,7 @@ class ImportReport:
 
 
 def _open(path: Path, mode: str, *, name: Path | None = None) -> IO[str]:
-    """``path`` as text to write; gzip-compressed if ``name`` (default ``path``) ends in ``.gz``."""
+    """`path` as text to write; gzip-compressed if `name` (default `path`) ends in `.gz`."""
     if (name or path).name.endswith(".gz"):
         return io.TextIOWrapper(gzip.GzipFile(path, mode), encoding="utf-8", newline="\n")
     return open(path, mode, encoding="utf-8", newline="\n")
@@ -84,7 +86,7 @@ async def export_jsonl(
     batch_size: int = DEFAULT_BATCH_SIZE,
     reporter: Reporter | None = None,
 ) -> dict[str, int]:
-    """Write every row of ``db`` to ``path``; the rows written, by table.
+    """Write every row of `db` to `path`; the rows written, by table.
 
     The file appears under its name only once complete (it is written beside
     it first, then renamed).
@@ -119,7 +121,7 @@ def check_revision(revision: object, *, where: str = "the file") -> None:
     """Refuse data from a schema revision this memorm does not know (a newer memorm's).
 
     Raises:
-        SchemaError: ``revision`` is not one of this memorm's migrations.
+        SchemaError: `revision` is not one of this memorm's migrations.
     """
     head = head_revision()
     if revision == head:
@@ -137,7 +139,7 @@ def check_revision(revision: object, *, where: str = "the file") -> None:
 
 
 def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The header of the export at ``path``, checked: a memorm export of a revision this memorm knows.
+    """The header of the export at `path`, checked: a memorm export of a revision this memorm knows.
 
     Raises:
         ValidationError: the file's first line is no memorm header.
@@ -157,7 +159,7 @@ def read_header(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def _records(source: Path) -> Generator[tuple[int, str, dict[str, Any]], None, None]:
-    """Each line of ``source`` as a JSON object, with its number and ``file:line``.
+    """Each line of `source` as a JSON object, with its number and `file:line`.
 
     Lines are split and decoded here, not by a text reader, so a line that is
     not UTF-8 is named exactly (a reader decodes ahead, a chunk at a time).
@@ -183,7 +185,7 @@ def _records(source: Path) -> Generator[tuple[int, str, dict[str, Any]], None, N
 
 
 def _rows(source: Path, *, older: bool) -> Iterator[Numbered]:
-    """The rows of the export at ``source`` (after its header), decoded, with their lines.
+    """The rows of the export at `source` (after its header), decoded, with their lines.
 
     Raises:
         ValidationError: a line that is no record of a memorm table, or an end
@@ -221,7 +223,7 @@ def _rows(source: Path, *, older: bool) -> Iterator[Numbered]:
 async def _check_rows(
     db: Database, rows: Iterable[Numbered], source: str, *, batch_size: int, reporter: Reporter
 ) -> None:
-    """Check every row of an export, alone and against the others and ``db``; write nothing.
+    """Check every row of an export, alone and against the others and `db`; write nothing.
 
     Raises:
         ValidationError: the first problem found, naming its line.
@@ -254,15 +256,15 @@ async def import_jsonl(
     batch_size: int = DEFAULT_BATCH_SIZE,
     reporter: Reporter | None = None,
 ) -> ImportReport:
-    """Insert the rows of an export at ``path`` into ``db``, skipping ids it already has.
+    """Insert the rows of an export at `path` into `db`, skipping ids it already has.
 
-    An empty ``db`` (no memorm schema) is migrated to head first; one with a
-    memorm schema must be at head (``SchemaError`` otherwise, naming ``memorm
-    db upgrade``), as for :func:`~memorm.transfer.copy.copy_database`.  The
+    An empty `db` (no memorm schema) is migrated to head first; one with a
+    memorm schema must be at head (`SchemaError` otherwise, naming `memorm
+    db upgrade`), as for `copy_database`.  The
     file must not come from a newer revision than this memorm's head.
     The whole file is checked first, each row as the API checks its input and
-    against the other rows and ``db`` (see :mod:`memorm.transfer.references`):
-    a bad file raises ``ValidationError`` naming the line, and nothing is
+    against the other rows and `db` (see `memorm.transfer.references`):
+    a bad file raises `ValidationError` naming the line, and nothing is
     written.  Then each batch commits on its own: after a failure (a lost
     connection), importing again finishes the job.
     """

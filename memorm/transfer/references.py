@@ -1,25 +1,25 @@
 """An export's rows checked against each other and the database they go into, before any is written.
 
-:class:`FileCheck` takes the rows in file order, in batches, and refuses
-(``ValidationError`` naming the line) what would corrupt the database or fail
+`FileCheck` takes the rows in file order, in batches, and refuses
+(`ValidationError` naming the line) what would corrupt the database or fail
 halfway through an import:
 
 * a row that is not in id order after the previous row of its table (as
   export writes them), which also catches an id given twice;
 * a reference to an agent, session or embedding model that is neither
   earlier in the file nor in the database;
-* a message whose ``agent_id`` is not its session's, or whose ``seq`` is not
-  below its session's ``next_seq`` (appends take numbers from there);
+* a message whose `agent_id` is not its session's, or whose `seq` is not
+  below its session's `next_seq` (appends take numbers from there);
 * a passage whose vector has not its model's dimension or precision;
 * a row the database's unique constraints would refuse: an agent name, a
-  model name of an agent, a session key of an agent or a message ``seq`` of
+  model name of an agent, a session key of an agent or a message `seq` of
   a session taken by another row, in the file or in the database; or a
   session whose id the database holds under another agent.
 
 A row whose id the database has already is skipped by the import, so the
-database's version of it (a session's agent and ``next_seq``, a model's
+database's version of it (a session's agent and `next_seq`, a model's
 shape) is what later rows are checked against.  Memory grows with agents,
-models and sessions, and by 12 bytes per message (its ``seq`` and line, to
+models and sessions, and by 12 bytes per message (its `seq` and line, to
 find duplicates at the end); never with texts or vectors.
 """
 
@@ -67,7 +67,7 @@ Numbered = tuple[int, str, sa.Table, tuple[Any, ...]]  # (line, where, table, ro
 
 
 class FileCheck:
-    """Cross-row checks of one export against the database ``db`` it is to be imported into."""
+    """Cross-row checks of one export against the database `db` it is to be imported into."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -89,11 +89,11 @@ class FileCheck:
         self.last[table.name] = values["id"]
 
     async def batch(self, table: sa.Table, rows: Pending) -> None:
-        """Check a batch of rows of ``table`` (already checked one by one), in file order."""
+        """Check a batch of rows of `table` (already checked one by one), in file order."""
         await getattr(self, f"_{table.name}")(rows)
 
     def finish(self, source: str) -> None:
-        """The checks that need the whole file: no ``seq`` twice in a session."""
+        """The checks that need the whole file: no `seq` twice in a session."""
         for chat_id, chat in self.chats.items():
             if len(chat.seqs) < 2:
                 continue
@@ -114,7 +114,7 @@ class FileCheck:
             return [tuple(row) for row in await uow.session.execute(statement)]
 
     async def _stored(self, columns: Sequence[Any], key: Any, wanted: Iterable[Any]) -> list[tuple[Any, ...]]:
-        """Rows (``columns``) of the database whose ``key`` is one of ``wanted``."""
+        """Rows (`columns`) of the database whose `key` is one of `wanted`."""
         found: list[tuple[Any, ...]] = []
         for chunk in _chunks(sorted(set(wanted))):
             found += await self._select(sa.select(*columns).where(key.in_(chunk)))
@@ -238,7 +238,7 @@ class FileCheck:
         )
 
     async def _stored_seqs(self, rows: list[tuple[str, Values]]) -> None:
-        """Refuse new messages whose ``seq`` another message of the database's session has."""
+        """Refuse new messages whose `seq` another message of the database's session has."""
         for chunk in _chunks(rows):
             wanted = {(row["session_id"], row["seq"]): (where, row["id"]) for where, row in chunk}
             found = await self._select(

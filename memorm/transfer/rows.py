@@ -1,11 +1,11 @@
 """Tables as streams of rows: read in keyset-paged batches, written without duplicates.
 
 Rows are tuples of Python values in the table's column order
-(:func:`column_names`), exactly what the column types return and accept, so a
+(`column_names`), exactly what the column types return and accept, so a
 row read from one engine is written to the other unchanged.  Ids are UUIDv7 and
-paging runs on ``id``: each table is read oldest first, and in the same order
+paging runs on `id`: each table is read oldest first, and in the same order
 on both engines (SQLite keeps uuids as 32 hex digits, which sort as Postgres
-sorts ``uuid``), which is what lets checksums of the two sides be compared.
+sorts `uuid`), which is what lets checksums of the two sides be compared.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ Row = tuple[Any, ...]
 
 
 def table_named(name: object) -> sa.Table:
-    """The memorm table called ``name``; ``KeyError`` if there is none."""
+    """The memorm table called `name`; `KeyError` if there is none."""
     for table in TABLES:
         if table.name == name:
             return table
@@ -63,13 +63,13 @@ def column_names(table: sa.Table) -> tuple[str, ...]:
 
 
 def id_index(table: sa.Table) -> int:
-    """Where ``id`` is in a row of ``table``."""
+    """Where `id` is in a row of `table`."""
     return column_names(table).index("id")
 
 
 @cache
 def _pages(table: sa.Table) -> tuple[sa.Select[Any], sa.Select[Any]]:
-    """The first page's statement and the next pages' (module-level, so :func:`fetch` caches them)."""
+    """The first page's statement and the next pages' (module-level, so `fetch` caches them)."""
     limit = sa.bindparam("limit", type_=sa.Integer)
     columns = fields(table)
     first = sa.select(*columns).order_by(table.c.id).limit(limit)
@@ -78,7 +78,7 @@ def _pages(table: sa.Table) -> tuple[sa.Select[Any], sa.Select[Any]]:
 
 
 async def count_rows(db: Database, table: sa.Table) -> int:
-    """How many rows ``table`` has."""
+    """How many rows `table` has."""
     async with db.unit_of_work(read_only=True) as uow, guarded(uow.session):
         total = await uow.session.scalar(sa.select(sa.func.count()).select_from(table))
     return int(total or 0)
@@ -87,9 +87,9 @@ async def count_rows(db: Database, table: sa.Table) -> int:
 async def read_batches(
     db: Database, table: sa.Table, *, batch_size: int = DEFAULT_BATCH_SIZE
 ) -> AsyncIterator[list[Row]]:
-    """Every row of ``table`` in id order, ``batch_size`` rows at a time.
+    """Every row of `table` in id order, `batch_size` rows at a time.
 
-    Each page is its own statement (``WHERE id > last ORDER BY id LIMIT n``),
+    Each page is its own statement (`WHERE id > last ORDER BY id LIMIT n`),
     so a long read holds no transaction open and memory stays at one batch.
     """
     first, after = _pages(table)
@@ -109,10 +109,10 @@ async def read_batches(
 
 
 async def insert_new(db: Database, table: sa.Table, rows: Sequence[Row]) -> int:
-    """Insert the ``rows`` whose id ``db`` lacks, in one transaction; how many were new.
+    """Insert the `rows` whose id `db` lacks, in one transaction; how many were new.
 
     Existing rows are skipped, not compared: a verification pass (see
-    :mod:`memorm.transfer.verify`) tells whether they match.
+    `memorm.transfer.verify`) tells whether they match.
     """
     if not rows:
         return 0

@@ -1,7 +1,7 @@
 """Checksums of whole tables, computed a batch at a time, and their comparison.
 
 A table's digest is its row count and the SHA-256 of its rows' canonical
-forms (:func:`memorm.transfer.codec.canonical`, which include the id) in id
+forms (`memorm.transfer.codec.canonical`, which include the id) in id
 order.  Equal digests on two databases mean the same rows with the same
 contents, whichever engines hold them.
 """
@@ -31,7 +31,7 @@ class TableDigest:
 
 
 class Digester:
-    """Builds a :class:`TableDigest` from batches of rows fed in id order."""
+    """Builds a `TableDigest` from batches of rows fed in id order."""
 
     def __init__(self, table: sa.Table) -> None:
         self.table = table
@@ -53,7 +53,7 @@ class Digester:
 async def digest_table(
     db: Database, table: sa.Table, *, batch_size: int = DEFAULT_BATCH_SIZE, reporter: Reporter | None = None
 ) -> TableDigest:
-    """Read ``table`` of ``db`` through, one batch at a time; its digest."""
+    """Read `table` of `db` through, one batch at a time; its digest."""
     report = reporter or Silent()
     task = f"verify {table.name}"
     report.start(task, await count_rows(db, table))
@@ -67,7 +67,7 @@ async def digest_table(
 async def digest_database(
     db: Database, *, batch_size: int = DEFAULT_BATCH_SIZE, reporter: Reporter | None = None
 ) -> dict[str, TableDigest]:
-    """The digest of each of memorm's tables in ``db``, by table name."""
+    """The digest of each of memorm's tables in `db`, by table name."""
     return {
         table.name: await digest_table(db, table, batch_size=batch_size, reporter=reporter)
         for table in TABLES

@@ -1,8 +1,8 @@
 """Portable column types: one schema, two engines.
 
-Each type is a ``TypeDecorator`` whose ``load_dialect_impl`` picks the native
-type on Postgres (``jsonb``, ``timestamptz``, ``uuid``, pgvector's ``vector``,
-``tsvector``) and a faithful encoding on SQLite.  Nothing here depends on runtime settings.
+Each type is a `TypeDecorator` whose `load_dialect_impl` picks the native
+type on Postgres (`jsonb`, `timestamptz`, `uuid`, pgvector's `vector`,
+`tsvector`) and a faithful encoding on SQLite.  Nothing here depends on runtime settings.
 """
 
 from memorm.types.datetime import UTCDateTime, utcnow

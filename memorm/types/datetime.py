@@ -21,11 +21,11 @@ def utcnow() -> datetime:
 
 
 class UTCDateTime(sa.types.TypeDecorator[datetime]):
-    """An aware UTC datetime: ``timestamptz`` on Postgres, fixed-width text on SQLite.
+    """An aware UTC datetime: `timestamptz` on Postgres, fixed-width text on SQLite.
 
-    Naive datetimes are rejected (``ValidationError``) instead of being guessed
+    Naive datetimes are rejected (`ValidationError`) instead of being guessed
     at; aware ones in any zone are stored as UTC and read back as UTC.  On SQLite
-    the text is ``YYYY-MM-DD HH:MM:SS.ffffff`` with microseconds always present,
+    the text is `YYYY-MM-DD HH:MM:SS.ffffff` with microseconds always present,
     so string order is time order and range queries compare correctly.
     """
 

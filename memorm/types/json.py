@@ -1,4 +1,4 @@
-"""JSON documents: ``jsonb`` on Postgres, JSON text on SQLite."""
+"""JSON documents: `jsonb` on Postgres, JSON text on SQLite."""
 
 from __future__ import annotations
 
@@ -41,12 +41,12 @@ _ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(","
 def dumps(value: Any) -> str:
     """Serialise strictly: NaN and infinities are not JSON, so they are refused.
 
-    Floats from 1e16 up, which Python writes as ``4.5e+16``, are written out
-    with a decimal point (``45000000000000000.0``): jsonb keeps a numeric's
-    scale but not its exponent, and would give ``4.5e+16`` back as the
-    integer ``45000000000000000``.
+    Floats from 1e16 up, which Python writes as `4.5e+16`, are written out
+    with a decimal point (`45000000000000000.0`): jsonb keeps a numeric's
+    scale but not its exponent, and would give `4.5e+16` back as the
+    integer `45000000000000000`.
 
-    ``-0.0`` is written as ``0.0``: jsonb's numerics have no negative zero,
+    `-0.0` is written as `0.0`: jsonb's numerics have no negative zero,
     so memorm stores on both engines what both can hold.
     """
     text = _ENCODER.encode(value)
@@ -63,7 +63,7 @@ def _int_or_float(text: str) -> int | float:
     """An integer as stored, or, past 64 bits, the float it was.
 
     memorm refuses integers outside 64 bits on the way in, so one that comes
-    back out was a float written before :func:`dumps` kept the decimal point
+    back out was a float written before `dumps` kept the decimal point
     (or by another program): give it back as one.
     """
     value = int(text)
@@ -79,10 +79,10 @@ _UNSIGNED_DECODER = json.JSONDecoder(parse_int=_int_or_float, parse_float=_float
 
 
 def loads(text: str | bytes) -> Any:
-    """Parse JSON as stored by memorm (see :func:`_int_or_float`).
+    """Parse JSON as stored by memorm (see `_int_or_float`).
 
-    A negative zero (SQLite text written before :func:`dumps` dropped the
-    sign, or by another program) reads as ``0.0``, as it does from jsonb.
+    A negative zero (SQLite text written before `dumps` dropped the
+    sign, or by another program) reads as `0.0`, as it does from jsonb.
     """
     document = text.decode() if isinstance(text, bytes) else text
     # Cheapest test first (see dumps); the unsigned decoder costs a Python call per float.
@@ -94,9 +94,9 @@ def loads(text: str | bytes) -> Any:
 class JSONType(sa.types.TypeDecorator[Any]):
     """A JSON value (usually a dict or list).
 
-    ``jsonb`` on Postgres (indexable, comparable with ``@>``), SQLAlchemy's
-    ``JSON`` on SQLite.  Inputs are checked by :mod:`memorm.validation` before
-    they get here; the engine's serializer (:func:`dumps`) refuses NaN as a
+    `jsonb` on Postgres (indexable, comparable with `@>`), SQLAlchemy's
+    `JSON` on SQLite.  Inputs are checked by `memorm.validation` before
+    they get here; the engine's serializer (`dumps`) refuses NaN as a
     last line of defence.
     """
 

@@ -1,15 +1,15 @@
-"""The words full-text search indexes: ``tsvector`` on Postgres, text on SQLite.
+"""The words full-text search indexes: `tsvector` on Postgres, text on SQLite.
 
-A :class:`SearchWords` column is derived data.  Bind it the *text* to index
+A `SearchWords` column is derived data.  Bind it the *text* to index
 (a message's content, a passage's text); the column stores that text's
-distinct normalised words (:func:`memorm.search.normalize.index_words`),
+distinct normalised words (`memorm.search.normalize.index_words`),
 built by memorm in Python, so neither the database's locale nor its
 text-search parser ever sees the text.  Reading the column gives the words,
 sorted and joined by spaces, on both engines.
 
-On Postgres the words travel as a binary ``tsvector`` (lexemes without
-positions) through the asyncpg codec :func:`register_tsvector` installs on
-each connection, which is also what lets ``COPY … (FORMAT binary)`` write the
+On Postgres the words travel as a binary `tsvector` (lexemes without
+positions) through the asyncpg codec `register_tsvector` installs on
+each connection, which is also what lets `COPY … (FORMAT binary)` write the
 column.
 """
 
@@ -32,14 +32,14 @@ _NO_POSITIONS = b"\x00\x00\x00"  # a lexeme's NUL terminator, then 0 positions (
 
 
 def encode_tsvector(lexemes: list[bytes]) -> bytes:
-    """Postgres' binary ``tsvector`` of distinct UTF-8 ``lexemes`` in byte order, without positions."""
+    """Postgres' binary `tsvector` of distinct UTF-8 `lexemes` in byte order, without positions."""
     if not lexemes:
         return _COUNT.pack(0)
     return _COUNT.pack(len(lexemes)) + _NO_POSITIONS.join(lexemes) + _NO_POSITIONS
 
 
 def decode_tsvector(data: bytes) -> str:
-    """A binary ``tsvector``'s lexemes, joined by spaces (positions and weights are skipped)."""
+    """A binary `tsvector`'s lexemes, joined by spaces (positions and weights are skipped)."""
     (count,) = _COUNT.unpack_from(data)
     at, found = _COUNT.size, []
     for _ in range(count):
@@ -57,7 +57,7 @@ def _encode(value: Any) -> bytes:
 
 
 async def register_tsvector(connection: Any) -> None:
-    """Install the binary ``tsvector`` codec on an asyncpg connection."""
+    """Install the binary `tsvector` codec on an asyncpg connection."""
     await connection.set_type_codec(
         "tsvector", schema="pg_catalog", encoder=_encode, decoder=decode_tsvector, format="binary"
     )

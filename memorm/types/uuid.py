@@ -1,4 +1,4 @@
-"""UUIDs: native ``uuid`` on Postgres, 32 hex characters on SQLite."""
+"""UUIDs: native `uuid` on Postgres, 32 hex characters on SQLite."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ __all__ = ["UUIDType"]
 
 
 class UUIDType(sa.types.TypeDecorator[uuid.UUID]):
-    """A ``uuid.UUID`` column.
+    """A `uuid.UUID` column.
 
     Ids are checked and coerced at the API boundary
-    (:func:`memorm.validation.as_uuid`), so by the time a value is bound it is a
-    ``UUID``; strings are still accepted here for hand-written queries.
+    (`memorm.validation.as_uuid`), so by the time a value is bound it is a
+    `UUID`; strings are still accepted here for hand-written queries.
     """
 
     impl = sa.Uuid(as_uuid=True)

@@ -1,4 +1,4 @@
-"""Embedding vectors: pgvector's ``vector`` on Postgres, packed float32 on SQLite."""
+"""Embedding vectors: pgvector's `vector` on Postgres, packed float32 on SQLite."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ _SWAP = sys.byteorder != "little"  # stored bytes are little-endian everywhere
 
 
 def pack_float32(values: Sequence[float]) -> bytes:
-    """Little-endian float32 bytes of ``values``."""
+    """Little-endian float32 bytes of `values`."""
     packed = array("f", values)
     if _SWAP:
         packed.byteswap()
@@ -27,7 +27,7 @@ def pack_float32(values: Sequence[float]) -> bytes:
 
 
 def unpack_float32(data: bytes) -> list[float]:
-    """The floats of :func:`pack_float32`'s bytes."""
+    """The floats of `pack_float32`'s bytes."""
     unpacked = array("f")
     unpacked.frombytes(data)
     if _SWAP:
@@ -36,14 +36,14 @@ def unpack_float32(data: bytes) -> list[float]:
 
 
 def pack_float16(values: Sequence[float]) -> bytes:
-    """Little-endian float16 bytes of ``values`` (numpy rounds to nearest)."""
+    """Little-endian float16 bytes of `values` (numpy rounds to nearest)."""
     import numpy as np
 
     return np.asarray(values, dtype="<f2").tobytes()
 
 
 def unpack_float16(data: bytes) -> list[float]:
-    """The floats of :func:`pack_float16`'s bytes."""
+    """The floats of `pack_float16`'s bytes."""
     import numpy as np
 
     result: list[float] = np.frombuffer(data, dtype="<f2").astype(np.float64).tolist()
@@ -51,7 +51,7 @@ def unpack_float16(data: bytes) -> list[float]:
 
 
 class _BinaryHalfVector(HALFVEC):
-    """pgvector's ``halfvec``, through the binary asyncpg codec (see :class:`_BinaryVector`)."""
+    """pgvector's `halfvec`, through the binary asyncpg codec (see `_BinaryVector`)."""
 
     cache_ok = True
 
@@ -67,9 +67,9 @@ class _BinaryHalfVector(HALFVEC):
 class _BinaryVector(VECTOR):
     """pgvector's column type, sending values through the binary asyncpg codec.
 
-    :class:`memorm.Database` registers pgvector's codec on every connection, so
-    values travel as binary ``Vector`` objects instead of being formatted as text.
-    The comparator (``cosine_distance``, ``l2_distance``, ``max_inner_product``)
+    [`memorm.Database`][memorm.db.Database] registers pgvector's codec on every connection, so
+    values travel as binary `Vector` objects instead of being formatted as text.
+    The comparator (`cosine_distance`, `l2_distance`, `max_inner_product`)
     is pgvector's own.
     """
 
@@ -87,7 +87,7 @@ class _BinaryVector(VECTOR):
 class VectorType(sa.types.TypeDecorator[list[float]]):
     """A float vector of any dimension; each row records its own dimension.
 
-    Postgres stores a dimensionless ``vector`` (``halfvec`` with ``half=True``)
+    Postgres stores a dimensionless `vector` (`halfvec` with `half=True`)
     so embeddings of several models (384-d beside 1536-d) share one column;
     per-model HNSW indexes are partial expression indexes with a cast.  SQLite
     stores little-endian float32 (float16) bytes, which numpy reads without

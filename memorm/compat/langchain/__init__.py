@@ -1,28 +1,30 @@
-"""LangChain on memorm: a chat message history and a vector store (extra ``langchain``).
+"""LangChain on memorm: a chat message history and a vector store (extra `langchain`).
 
-* :class:`MemormChatMessageHistory` — a ``BaseChatMessageHistory`` over
-  ``uow.sessions`` and ``uow.messages``: one memorm session per external key.
-* :class:`MemormVectorStore` — a ``VectorStore`` over ``uow.passages``.
+* [`MemormChatMessageHistory`][memorm.compat.langchain.MemormChatMessageHistory] — a
+  `BaseChatMessageHistory` over `uow.sessions` and `uow.messages`: one memorm
+  session per external key.
+* [`MemormVectorStore`][memorm.compat.langchain.MemormVectorStore] — a `VectorStore` over
+  `uow.passages`.
 
 Both are thin layers over memorm's repositories, async-native, with working
 sync methods.  Sync methods run on a private event loop in a daemon thread
-(:class:`SyncBridge`), on your own ``Database``, which gives that loop a
+(`SyncBridge`), on your own `Database`, which gives that loop a
 connection pool of its own (a pool belongs to the event loop that opened it);
-:func:`dispose_sync` closes that pool (it also closes at interpreter exit).
+[`dispose_sync`][memorm.compat.langchain.dispose_sync] closes that pool (it also closes at interpreter exit).
 Sync methods are therefore safe from plain sync code with no event loop, from
 a worker thread while your loop runs elsewhere, and even (blocking it) from
 inside a running loop.  An in-memory SQLite database lives on one event loop:
 use a file, or the async methods only.
 
-Modules: :mod:`~memorm.compat.langchain.messages` (message mapping),
-:mod:`~memorm.compat.langchain.history`,
-:mod:`~memorm.compat.langchain.documents` (document mapping),
-:mod:`~memorm.compat.langchain.vectorstore` with its searches in
-:mod:`~memorm.compat.langchain.search` and its units of work in
-:mod:`~memorm.compat.langchain.archive`; the sync bridge is
-:mod:`memorm.compat._sync`.
+Modules: `messages` (message mapping),
+`history`,
+`documents` (document mapping),
+`vectorstore` with its searches in
+`search` and its units of work in
+`archive`; the sync bridge is
+`memorm.compat._sync`.
 
-Importing :mod:`memorm` never imports LangChain; only this package does.
+Importing `memorm` never imports LangChain; only this package does.
 """
 
 from __future__ import annotations

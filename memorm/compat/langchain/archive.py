@@ -1,6 +1,6 @@
 """The vector store's units of work on an agent's archival passages.
 
-Each function takes the ``Database`` to use: the caller's own for async
+Each function takes the `Database` to use: the caller's own for async
 methods, the sync bridge's private copy for sync ones.
 """
 
@@ -30,7 +30,7 @@ async def upsert(
     vectors: list[list[float]],
     existing: set[uuid.UUID],
 ) -> None:
-    """Store the items with their vectors, replacing this agent's passages under ``existing`` ids."""
+    """Store the items with their vectors, replacing this agent's passages under `existing` ids."""
     vectors = check_list(vectors, "embeddings", "vectors")
     if len(vectors) != len(items):  # the embeddings' answer, not the caller's input
         raise ValidationError(f"embeddings: {len(vectors)} vectors for {len(items)} texts")
@@ -55,7 +55,7 @@ async def upsert(
 
 
 async def _foreign(db: Database, agent_id: uuid.UUID, ids: set[uuid.UUID]) -> uuid.UUID | None:
-    """The first of ``ids`` that is another agent's passage, if any."""
+    """The first of `ids` that is another agent's passage, if any."""
     if not ids:
         return None
     async with db.unit_of_work(read_only=True) as uow:
@@ -89,7 +89,7 @@ async def search(
     metric: str,
     where: dict[str, Any] | None,
 ) -> list[ScoredPassage]:
-    """The ``k`` passages of ``embedding_model`` nearest ``vector``, best first."""
+    """The `k` passages of `embedding_model` nearest `vector`, best first."""
     async with db.unit_of_work(read_only=True) as uow:
         return await uow.passages.search(
             agent_id, vector, k=k, embedding_model=embedding_model, metric=metric, where=where

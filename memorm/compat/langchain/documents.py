@@ -1,4 +1,4 @@
-"""LangChain documents <-> memorm archival passages: ids, metadata and the items ``add_many`` takes."""
+"""LangChain documents <-> memorm archival passages: ids, metadata and the items `add_many` takes."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ Batch = tuple[list[str], list[dict[str, Any]], set[uuid.UUID]]
 
 
 def embedding_model_of(embedding: Embeddings) -> str:
-    """The memorm embedding model name for LangChain embeddings: their ``model``, else ``"default"``."""
+    """The memorm embedding model name for LangChain embeddings: their `model`, else `"default"`."""
     for attribute in ("model", "model_name", "model_id"):
         value = getattr(embedding, attribute, None)
         if isinstance(value, str) and value.strip():
@@ -41,10 +41,10 @@ def embedding_model_of(embedding: Embeddings) -> str:
 
 
 def passage_id(agent_id: uuid.UUID, document_id: str) -> uuid.UUID:
-    """The passage id a document id maps to in ``agent_id``'s store.
+    """The passage id a document id maps to in `agent_id`'s store.
 
     A canonical UUID string is the passage id itself; any other string maps to
-    a UUID derived from the agent and the id, so two agents' ``"1"`` differ.
+    a UUID derived from the agent and the id, so two agents' `"1"` differ.
     """
     if not isinstance(document_id, str) or not document_id:
         raise ValidationError(f"ids: expected non-empty strings, got {document_id!r:.80}")
@@ -58,7 +58,7 @@ def passage_id(agent_id: uuid.UUID, document_id: str) -> uuid.UUID:
 
 
 def to_document(passage: ArchivalPassage) -> Document:
-    """The LangChain ``Document`` a passage holds."""
+    """The LangChain `Document` a passage holds."""
     meta = dict(passage.meta or {})
     document_id = meta.pop(DOCUMENT_ID_KEY, None)
     return Document(
@@ -75,9 +75,9 @@ def passage_batch(
     metadatas: object,
     ids: object,
 ) -> Batch:
-    """The passages storing ``texts`` (embeddings still to add), checked before anything is embedded.
+    """The passages storing `texts` (embeddings still to add), checked before anything is embedded.
 
-    ``ids`` entries that are None get new UUIDv7 ids; given ids may name
+    `ids` entries that are None get new UUIDv7 ids; given ids may name
     passages that exist already (an add under them replaces those).
     """
     for index, text in enumerate(texts):

@@ -1,4 +1,4 @@
-"""``MemormChatMessageHistory``: LangChain's chat history over memorm's sessions and messages."""
+"""`MemormChatMessageHistory`: LangChain's chat history over memorm's sessions and messages."""
 
 from __future__ import annotations
 
@@ -27,40 +27,41 @@ _BEFORE_ALL = -(2**31) - 1  # a seq below every message's (seq is a 32-bit integ
 class MemormChatMessageHistory(BaseChatMessageHistory):
     """LangChain chat history stored in a memorm session.
 
-    LangChain deprecated ``BaseChatMessageHistory`` (langchain-core 1.6.4, to
+    LangChain deprecated `BaseChatMessageHistory` (langchain-core 1.6.4, to
     be removed in 2.0) in favour of LangGraph's persistence (checkpointers and
     stores); new code should use those.  This adapter keeps code still on
-    ``BaseChatMessageHistory`` (``RunnableWithMessageHistory``, the legacy
+    `BaseChatMessageHistory` (`RunnableWithMessageHistory`, the legacy
     memory classes) correct.
 
     Args:
-        db: the shared :class:`~memorm.Database`.
-        session_key: any non-empty string (LangChain's ``session_id``); it names
+        db: the shared [`Database`][memorm.db.Database].
+        session_key: any non-empty string (LangChain's `session_id`); it names
             the agent's memorm session through
-            ``uow.sessions.get_or_create(agent, session_key)``, created by the
+            `uow.sessions.get_or_create(agent, session_key)`, created by the
             first write.  Reads and clears of an unknown key create nothing.
-        agent: the agent (id or :class:`~memorm.Agent`) the session belongs to.
-        window: read only the newest ``window`` messages (``messages`` and
-            ``aget_messages``), so a long history is never loaded whole.  A
+        agent: the agent (id or [`Agent`][memorm.models.Agent]) the session belongs to.
+        window: read only the newest `window` messages (`messages` and
+            `aget_messages`), so a long history is never loaded whole.  A
             window can begin with a tool answer whose call fell outside it.
             Without it, the whole history is read, in pages of 1,000.
-        ttl: like a Redis chat history's ``ttl``, a ``timedelta`` or seconds:
-            every write moves the session's expiry to ``ttl`` from then, so a
+        ttl: like a Redis chat history's `ttl`, a `timedelta` or seconds:
+            every write moves the session's expiry to `ttl` from then, so a
             session idle that long is deleted by the next
-            ``purge_expired`` (see docs/retention.md).  Without it, the
-            session expires as the agent's ``retention`` says, if at all.
+            `purge_expired` (see docs/retention.md).  Without it, the
+            session expires as the agent's `retention` says, if at all.
 
     Every LangChain message type round-trips to an equal object (see
-    :func:`from_langchain`); ``additional_kwargs``, ``response_metadata``,
-    ``artifact`` and tool-call arguments must be JSON.  Async methods use
-    ``db`` on your event loop; sync ones use memorm's sync loop (see
-    :mod:`memorm.compat.langchain`).
+    `from_langchain`); `additional_kwargs`, `response_metadata`,
+    `artifact` and tool-call arguments must be JSON.  Async methods use
+    `db` on your event loop; sync ones use memorm's sync loop (see
+    `memorm.compat.langchain`).
 
-    Example::
-
+    Example:
+        ```python
         history = MemormChatMessageHistory(db, "user-42", agent=agent.id, window=50)
         await history.aadd_messages([HumanMessage("hi"), AIMessage("hello!")])
         recent = await history.aget_messages()
+        ```
     """
 
     def __init__(
@@ -87,7 +88,7 @@ class MemormChatMessageHistory(BaseChatMessageHistory):
     # -- async ------------------------------------------------------------
 
     async def aget_messages(self) -> list[BaseMessage]:
-        """The session's messages, oldest first (the newest ``window``, if set)."""
+        """The session's messages, oldest first (the newest `window`, if set)."""
         return await self._read(self.db)
 
     async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
@@ -102,7 +103,7 @@ class MemormChatMessageHistory(BaseChatMessageHistory):
 
     @property
     def messages(self) -> list[BaseMessage]:  # type: ignore[override]  # LangChain declares a plain attribute
-        """The session's messages, oldest first (the newest ``window``, if set)."""
+        """The session's messages, oldest first (the newest `window`, if set)."""
         return BRIDGE.run(self.db, self._read)
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
@@ -172,7 +173,7 @@ class MemormChatMessageHistory(BaseChatMessageHistory):
 
 
 def _rows(messages: object) -> list[dict[str, Any]]:
-    """The memorm rows storing LangChain messages (anything else is a ``ValidationError``)."""
+    """The memorm rows storing LangChain messages (anything else is a `ValidationError`)."""
     rows = []
     for index, message in enumerate(check_list(messages, "messages", "LangChain messages")):
         if not isinstance(message, BaseMessage):
@@ -184,7 +185,7 @@ def _rows(messages: object) -> list[dict[str, Any]]:
 
 
 async def _newest(uow: UnitOfWork, session_id: uuid.UUID, count: int) -> list[Message]:
-    """The newest ``count`` messages, oldest first, paging back 1,000 at a time."""
+    """The newest `count` messages, oldest first, paging back 1,000 at a time."""
     pages: list[list[Message]] = []
     wanted, before = count, None
     while wanted > 0:

@@ -1,7 +1,7 @@
 """LangChain messages <-> memorm messages, losslessly, filling memorm's columns on the way.
 
-:func:`from_langchain` gives the row ``uow.messages.append`` stores;
-:func:`to_langchain` gives back an object equal to the one stored, or, for a
+`from_langchain` gives the row `uow.messages.append` stores;
+`to_langchain` gives back an object equal to the one stored, or, for a
 message written with memorm's own API, the closest LangChain message.
 """
 
@@ -57,15 +57,15 @@ LANGCHAIN_KEY = "langchain"  # Message.meta[LANGCHAIN_KEY]: the message as messa
 
 
 def from_langchain(message: BaseMessage) -> dict[str, Any]:
-    """The memorm message (a dict for ``uow.messages.append``) storing a LangChain message.
+    """The memorm message (a dict for `uow.messages.append`) storing a LangChain message.
 
-    ``role``, ``content``, ``name``, ``tool_calls`` (OpenAI style) and
-    ``tool_call_id`` fill memorm's columns, so memorm's search, context windows
-    and trims work on them; ``meta["langchain"]`` keeps LangChain's own
-    serialisation (``message_to_dict``, less a string ``content``, which the
-    column holds), so :func:`to_langchain` gives back an equal object.
-    ``ChatMessage`` roles map to the closest memorm role (unknown ones to
-    ``user``); the original type and role stay in ``meta``.
+    `role`, `content`, `name`, `tool_calls` (OpenAI style) and
+    `tool_call_id` fill memorm's columns, so memorm's search, context windows
+    and trims work on them; `meta["langchain"]` keeps LangChain's own
+    serialisation (`message_to_dict`, less a string `content`, which the
+    column holds), so `to_langchain` gives back an equal object.
+    `ChatMessage` roles map to the closest memorm role (unknown ones to
+    `user`); the original type and role stay in `meta`.
     """
     kind = message.type
     if isinstance(message, ChatMessage):
@@ -108,9 +108,9 @@ def _openai_call(call: ToolCall) -> dict[str, Any]:
 def to_langchain(message: Message) -> BaseMessage:
     """The LangChain message a memorm message stores.
 
-    Messages written by :func:`from_langchain` come back equal to the
+    Messages written by `from_langchain` come back equal to the
     original; others (written with memorm's own API) are built from the
-    columns, with ``id`` the memorm message id.
+    columns, with `id` the memorm message id.
     """
     stored = (message.meta or {}).get(LANGCHAIN_KEY)
     if (
@@ -135,7 +135,7 @@ def to_langchain(message: Message) -> BaseMessage:
 
 
 def _langchain_calls(calls: list[dict[str, Any]]) -> tuple[list[Any], list[Any]]:
-    """LangChain tool calls from OpenAI-style ones (or flat ``{"id", "name", "args"}`` dicts)."""
+    """LangChain tool calls from OpenAI-style ones (or flat `{"id", "name", "args"}` dicts)."""
     valid: list[Any] = []
     invalid: list[Any] = []
     for call in calls:

@@ -1,7 +1,7 @@
-"""The search half of ``MemormVectorStore``: similarity and MMR searches, sync and async.
+"""The search half of `MemormVectorStore`: similarity and MMR searches, sync and async.
 
-:class:`VectorSearch` holds only the searches, over the attributes the store
-sets; :class:`~memorm.compat.langchain.vectorstore.MemormVectorStore` adds
+`VectorSearch` holds only the searches, over the attributes the store
+sets; [`MemormVectorStore`][memorm.compat.langchain.MemormVectorStore] adds
 construction, writes and reads by id.
 """
 
@@ -34,7 +34,7 @@ def _query(query: object) -> str:
 
 
 def _check_mmr(k: object, lambda_mult: object) -> None:
-    """MMR's own arguments (``fetch_k`` is the search's ``k``, checked there)."""
+    """MMR's own arguments (`fetch_k` is the search's `k`, checked there)."""
     check_int(k, "k", minimum=1, maximum=1000)
     if (
         isinstance(lambda_mult, bool)
@@ -45,7 +45,7 @@ def _check_mmr(k: object, lambda_mult: object) -> None:
 
 
 class VectorSearch(VectorStore):
-    """LangChain's search methods over an agent's passages (a base of ``MemormVectorStore``)."""
+    """LangChain's search methods over an agent's passages (a base of `MemormVectorStore`)."""
 
     db: Database
     agent_id: uuid.UUID
@@ -56,19 +56,19 @@ class VectorSearch(VectorStore):
     def similarity_search(
         self, query: str, k: int = 4, *, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[Document]:
-        """The ``k`` documents nearest ``query``, best first."""
+        """The `k` documents nearest `query`, best first."""
         return [doc for doc, _ in self.similarity_search_with_score(query, k, filter=filter)]
 
     async def asimilarity_search(
         self, query: str, k: int = 4, *, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[Document]:
-        """The ``k`` documents nearest ``query``, best first."""
+        """The `k` documents nearest `query`, best first."""
         return [doc for doc, _ in await self.asimilarity_search_with_score(query, k, filter=filter)]
 
     def similarity_search_with_score(
         self, query: str, k: int = 4, *, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[tuple[Document, float]]:
-        """The ``k`` documents nearest ``query`` with their scores (higher is better)."""
+        """The `k` documents nearest `query` with their scores (higher is better)."""
         return self.similarity_search_with_score_by_vector(
             self.embedding.embed_query(_query(query)), k, filter=filter
         )
@@ -76,34 +76,34 @@ class VectorSearch(VectorStore):
     async def asimilarity_search_with_score(
         self, query: str, k: int = 4, *, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[tuple[Document, float]]:
-        """The ``k`` documents nearest ``query`` with their scores (higher is better)."""
+        """The `k` documents nearest `query` with their scores (higher is better)."""
         vector = await self.embedding.aembed_query(_query(query))
         return await self.asimilarity_search_with_score_by_vector(vector, k, filter=filter)
 
     def similarity_search_with_score_by_vector(
         self, embedding: list[float], k: int = 4, *, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[tuple[Document, float]]:
-        """The ``k`` documents nearest ``embedding`` with their scores (higher is better)."""
+        """The `k` documents nearest `embedding` with their scores (higher is better)."""
         hits = BRIDGE.run(self.db, lambda db: self._search(db, embedding, k, filter))
         return [(to_document(hit.passage), hit.score) for hit in hits]
 
     async def asimilarity_search_with_score_by_vector(
         self, embedding: list[float], k: int = 4, *, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[tuple[Document, float]]:
-        """The ``k`` documents nearest ``embedding`` with their scores (higher is better)."""
+        """The `k` documents nearest `embedding` with their scores (higher is better)."""
         hits = await self._search(self.db, embedding, k, filter)
         return [(to_document(hit.passage), hit.score) for hit in hits]
 
     def similarity_search_by_vector(
         self, embedding: list[float], k: int = 4, *, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[Document]:
-        """The ``k`` documents nearest ``embedding``, best first."""
+        """The `k` documents nearest `embedding`, best first."""
         return [doc for doc, _ in self.similarity_search_with_score_by_vector(embedding, k, filter=filter)]
 
     async def asimilarity_search_by_vector(
         self, embedding: list[float], k: int = 4, *, filter: dict[str, Any] | None = None, **kwargs: Any
     ) -> list[Document]:
-        """The ``k`` documents nearest ``embedding``, best first."""
+        """The `k` documents nearest `embedding`, best first."""
         found = await self.asimilarity_search_with_score_by_vector(embedding, k, filter=filter)
         return [doc for doc, _ in found]
 
@@ -117,7 +117,7 @@ class VectorSearch(VectorStore):
         filter: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> list[Document]:
-        """``k`` documents chosen among the ``fetch_k`` nearest for relevance and diversity."""
+        """`k` documents chosen among the `fetch_k` nearest for relevance and diversity."""
         _check_mmr(k, lambda_mult)
         return self.max_marginal_relevance_search_by_vector(
             self.embedding.embed_query(_query(query)), k, fetch_k, lambda_mult, filter=filter
@@ -133,7 +133,7 @@ class VectorSearch(VectorStore):
         filter: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> list[Document]:
-        """``k`` documents chosen among the ``fetch_k`` nearest for relevance and diversity."""
+        """`k` documents chosen among the `fetch_k` nearest for relevance and diversity."""
         _check_mmr(k, lambda_mult)
         vector = await self.embedding.aembed_query(_query(query))
         return await self.amax_marginal_relevance_search_by_vector(
@@ -150,7 +150,7 @@ class VectorSearch(VectorStore):
         filter: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> list[Document]:
-        """``k`` documents chosen among the ``fetch_k`` nearest for relevance and diversity."""
+        """`k` documents chosen among the `fetch_k` nearest for relevance and diversity."""
         _check_mmr(k, lambda_mult)
         hits = BRIDGE.run(self.db, lambda db: self._search(db, embedding, fetch_k, filter))
         return self._mmr(embedding, hits, k, lambda_mult)
@@ -165,7 +165,7 @@ class VectorSearch(VectorStore):
         filter: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> list[Document]:
-        """``k`` documents chosen among the ``fetch_k`` nearest for relevance and diversity."""
+        """`k` documents chosen among the `fetch_k` nearest for relevance and diversity."""
         _check_mmr(k, lambda_mult)
         hits = await self._search(self.db, embedding, fetch_k, filter)
         return self._mmr(embedding, hits, k, lambda_mult)

@@ -1,4 +1,4 @@
-"""``MemormVectorStore``: LangChain's ``VectorStore`` over an agent's archival passages."""
+"""`MemormVectorStore`: LangChain's `VectorStore` over an agent's archival passages."""
 
 from __future__ import annotations
 
@@ -33,35 +33,36 @@ class MemormVectorStore(VectorSearch):
     """A LangChain vector store over an agent's archival passages.
 
     Args:
-        db: the shared :class:`~memorm.Database`.
+        db: the shared [`Database`][memorm.db.Database].
         agent_id: the agent whose passages this store holds.
-        embedding: the LangChain ``Embeddings`` that embed texts and queries.
+        embedding: the LangChain `Embeddings` that embed texts and queries.
         embedding_model: the memorm embedding model name the passages are
             stored and searched under (one dimension per agent and name).
-            Defaults to the embedding object's ``model``, ``model_name`` or
-            ``model_id``, else ``"default"``.
-        metric: ``"cosine"`` (default), ``"l2"`` or ``"inner_product"``.
+            Defaults to the embedding object's `model`, `model_name` or
+            `model_id`, else `"default"`.
+        metric: `"cosine"` (default), `"l2"` or `"inner_product"`.
 
     Document ids are strings.  A canonical UUID string is the passage id
     itself; any other string maps to a UUID derived from the agent and the id,
-    and is kept in the passage's ``meta["_langchain_id"]``, so ``Document.id``
+    and is kept in the passage's `meta["_langchain_id"]`, so `Document.id`
     reads back exactly.  Adding a document under an existing id replaces its
-    text, metadata and embedding.  ``Document.metadata`` is the passage's
-    ``meta`` (JSON values) without that key; ``filter=`` takes memorm's
-    ``where`` filters (``{"topic": "cats"}``, ``{"lang": {"$in": [...]}}``).
+    text, metadata and embedding.  `Document.metadata` is the passage's
+    `meta` (JSON values) without that key; `filter=` takes memorm's
+    `where` filters (`{"topic": "cats"}`, `{"lang": {"$in": [...]}}`).
 
-    Scores from ``similarity_search_with_score`` are memorm's: higher is
-    better (cosine similarity for ``cosine``; see ``docs/archival.md``).
-    Relevance scores (``similarity_search_with_relevance_scores``, retrievers'
-    ``score_threshold``) map them onto [0, 1]: ``(1 + similarity) / 2`` for
+    Scores from `similarity_search_with_score` are memorm's: higher is
+    better (cosine similarity for `cosine`; see `docs/archival.md`).
+    Relevance scores (`similarity_search_with_relevance_scores`, retrievers'
+    `score_threshold`) map them onto [0, 1]: `(1 + similarity) / 2` for
     cosine.  Sync methods embed in the calling thread and run the database
     work on memorm's sync loop.
 
-    Example::
-
+    Example:
+        ```python
         store = MemormVectorStore(db, agent.id, OpenAIEmbeddings(model="text-embedding-3-small"))
         await store.aadd_texts(["Ada's cat is called Miso."], ids=["fact-1"])
         [doc] = await store.asimilarity_search("cat's name", k=1)
+        ```
     """
 
     def __init__(
@@ -96,7 +97,7 @@ class MemormVectorStore(VectorSearch):
 
     @staticmethod
     def document(passage: ArchivalPassage) -> Document:
-        """The LangChain ``Document`` a passage holds."""
+        """The LangChain `Document` a passage holds."""
         return to_document(passage)
 
     def _batch(
@@ -105,7 +106,7 @@ class MemormVectorStore(VectorSearch):
         return passage_batch(self.agent_id, self.embedding_model, texts, metadatas, ids)
 
     def _targets(self, ids: list[str] | None) -> list[uuid.UUID]:
-        """The passage ids to delete; LangChain's ``ids=None`` ("everything") is refused."""
+        """The passage ids to delete; LangChain's `ids=None` ("everything") is refused."""
         if ids is None:
             raise ValidationError(
                 "delete: give ids (memorm does not empty an archive by accident; "
@@ -128,7 +129,7 @@ class MemormVectorStore(VectorSearch):
     ) -> list[str]:
         """Embed and store the texts in one unit of work; returns their ids.
 
-        ``ids`` entries that are None get new ids; an id that exists is replaced.
+        `ids` entries that are None get new ids; an id that exists is replaced.
         """
         batch = check_list(texts, "texts", "strings")
         keys, items, existing = self._batch(batch, metadatas, ids)
@@ -158,8 +159,8 @@ class MemormVectorStore(VectorSearch):
     def delete(self, ids: list[str] | None = None, **kwargs: Any) -> bool:
         """Delete the documents with these ids (missing ids are ignored); returns True.
 
-        ``ids=None`` (LangChain's "delete everything") is refused: delete the
-        agent, or use ``uow.passages.delete_where``.
+        `ids=None` (LangChain's "delete everything") is refused: delete the
+        agent, or use `uow.passages.delete_where`.
         """
         targets = self._targets(ids)
         BRIDGE.run(self.db, lambda db: archive.delete(db, self.agent_id, targets))
@@ -198,7 +199,7 @@ class MemormVectorStore(VectorSearch):
         metric: str = "cosine",
         **kwargs: Any,
     ) -> Self:
-        """A store over ``agent_id``'s passages in ``db``, with ``texts`` added (both are required)."""
+        """A store over `agent_id`'s passages in `db`, with `texts` added (both are required)."""
         store = cls(*_required(db, agent_id), embedding, embedding_model=embedding_model, metric=metric)
         store.add_texts(texts, metadatas, ids=ids)
         return store
@@ -217,7 +218,7 @@ class MemormVectorStore(VectorSearch):
         metric: str = "cosine",
         **kwargs: Any,
     ) -> Self:
-        """A store over ``agent_id``'s passages in ``db``, with ``texts`` added (both are required)."""
+        """A store over `agent_id`'s passages in `db`, with `texts` added (both are required)."""
         store = cls(*_required(db, agent_id), embedding, embedding_model=embedding_model, metric=metric)
         await store.aadd_texts(texts, metadatas, ids=ids)
         return store
