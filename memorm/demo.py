@@ -29,7 +29,7 @@ CALL = {
 SCRIPT: list[dict[str, object]] = [
     {"role": "system", "content": "You are Sam, a concise assistant with a long memory."},
     {"role": "user", "content": "Hi Sam, I'm Ada. What's the weather in Paris?"},
-    {"role": "assistant", "content": "", "tool_calls": [CALL]},
+    {"role": "assistant", "content": None, "tool_calls": [CALL]},  # as OpenAI sends it
     {
         "role": "tool",
         "content": '{"temp_c": 18, "sky": "clear"}',
@@ -65,7 +65,7 @@ def _title(text: str) -> None:
 
 
 def _line(message: Message, label: str = "") -> str:
-    text = message.content
+    text = message.content or ""
     if message.tool_calls:
         text = "→ calls " + ", ".join(call["function"]["name"] for call in message.tool_calls)
     head = f"  {label}#{message.seq:<3} {message.role:<9} "

@@ -96,7 +96,8 @@ def _convert(
     for row in rows:
         record = list(row)
         for at in sources:
-            record.append(row[at])
+            source = row[at]
+            record.append("" if source is None else source)  # no text: no words
         for index in range(width):
             process = processors[index]
             value = record[index]

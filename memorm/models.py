@@ -120,6 +120,8 @@ class Message(_Row, table=True):
         sa.UniqueConstraint("session_id", "seq"),
         sa.Index(None, "agent_id", "created_at"),
         sa.CheckConstraint("role IN ('system', 'user', 'assistant', 'tool')", name="role"),
+        # OpenAI's assistant messages that only call tools have no content (None).
+        sa.CheckConstraint("content IS NOT NULL OR role = 'assistant'", name="content"),
     )
 
     session_id: uuid.UUID = Field(
@@ -131,7 +133,7 @@ class Message(_Row, table=True):
     agent_id: uuid.UUID = Field(default=None, sa_type=UUIDType, nullable=False)
     seq: int = Field(default=None, nullable=False)
     role: Role = Field(sa_type=sa.String(16), nullable=False)
-    content: str = Field(default="", sa_type=sa.Text, nullable=False)
+    content: str | None = Field(default="", sa_type=sa.Text, nullable=True)
     name: str | None = Field(default=None, sa_type=sa.Text)
     tool_calls: list[dict[str, Any]] | None = Field(default=None, sa_type=JSONType)
     tool_call_id: str | None = Field(default=None, sa_type=sa.Text)
@@ -199,7 +201,7 @@ SEARCH_WORDS = "search_words"
 
 def _search_words(source: str) -> sa.Column[str]:
     def default(context: Any) -> Any:  # inserts that do not give the words (ORM, hand-written Core)
-        return context.get_current_parameters().get(source, "")
+        return context.get_current_parameters().get(source) or ""
 
     derived = {"derived_from": source}
     return sa.Column(SEARCH_WORDS, SearchWords(), nullable=False, default=default, info=derived)

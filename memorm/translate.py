@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager, contextmanager
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from memorm.conflicts import conflict_message, unique_key_of
 from memorm.errors import (
     ConflictError,
     DatabaseError,
@@ -40,7 +41,6 @@ UPGRADE_HINT = "run `memorm db upgrade` (or `await db.upgrade()`)"
 
 # SQLSTATE class or code -> (error class, what to tell the caller)
 _PG_CODES: dict[str, tuple[type[MemormError], str]] = {
-    "23505": (ConflictError, "a unique value is already taken"),
     "23503": (NotFoundError, "a referenced row does not exist"),
     "23502": (ValidationError, "a required value is missing"),
     "23514": (ValidationError, "a value breaks a check constraint"),
@@ -58,7 +58,6 @@ _PG_CODES: dict[str, tuple[type[MemormError], str]] = {
 }
 
 _SQLITE_MESSAGES: tuple[tuple[str, type[MemormError], str], ...] = (
-    ("UNIQUE constraint failed", ConflictError, "a unique value is already taken"),
     ("FOREIGN KEY constraint failed", NotFoundError, "a referenced row does not exist"),
     ("NOT NULL constraint failed", ValidationError, "a required value is missing"),
     ("CHECK constraint failed", ValidationError, "a value breaks a check constraint"),
@@ -102,6 +101,8 @@ def translate(error: BaseException) -> MemormError | None:
         return None
     detail = str(orig).strip().splitlines()[0] if orig is not None else ""
     code = _sqlstate(orig) if orig is not None else None
+    if orig is not None and (code == "23505" or detail.startswith("UNIQUE constraint failed")):
+        return ConflictError(conflict_message(unique_key_of(orig)))  # the same words on both engines
     if code is not None:
         found = _PG_CODES.get(code) or _PG_CODES.get(code[:2])
         if found is not None:

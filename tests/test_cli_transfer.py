@@ -77,7 +77,7 @@ async def _populate(url: str) -> None:
                     [
                         {"role": "system", "content": "be brief"},
                         {"role": "user", "content": "naïve ✓ 日本語\nline two", "meta": {"lang": "ja"}},
-                        {"role": "assistant", "content": "", "tool_calls": [call], "token_count": 7},
+                        {"role": "assistant", "content": None, "tool_calls": [call], "token_count": 7},
                         {"role": "tool", "content": "found", "tool_call_id": "call_1", "name": "find"},
                     ],
                 )
@@ -142,6 +142,7 @@ def _check_populated(rows: Dump) -> None:
     assert [len(rows[t.name]) for t in TABLES] == [2, 4, 2, 8, 6]
     assert [row["next_seq"] for row in rows["sessions"]] == [5, 5]
     assert [row["archive_version"] for row in rows["agents"]] == [2, 2]
+    assert [row["content"] for row in rows["messages"]].count(None) == 2  # the tool-call messages
 
 
 @pytest.mark.postgres
@@ -175,6 +176,28 @@ def test_copy_moves_every_row_and_a_second_run_adds_nothing(
     assert "copied 0 messages (8 already there)" in out
     assert "verified" in out
     assert dump(destination) == expected
+
+
+@pytest.mark.parametrize("engine", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_copy_names_the_agent_name_the_destination_holds_under_another_id(
+    engine: str, tmp_path: Path, postgres_urls: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = f"sqlite:///{tmp_path / 'source.db'}"
+    destination = _url(engine, tmp_path, postgres_urls, "destination")
+    asyncio.run(_populate(source))
+
+    async def same_name_other_id() -> None:
+        async with Database(destination) as db:
+            await db.upgrade()
+            async with db.unit_of_work() as uow:
+                await uow.agents.create("agent-1")
+
+    asyncio.run(same_name_other_id())
+    assert main(["copy", source, destination]) != 0
+    error = capsys.readouterr().err
+    assert "an agent named 'agent-1' exists in the destination, under another id" in error
+    assert "constraint" not in error
+    assert [row["name"] for row in dump(destination)["agents"]] == ["agent-1"]
 
 
 async def _negative_zeros(url: str) -> None:

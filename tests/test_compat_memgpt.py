@@ -117,7 +117,7 @@ async def test_persistence_manager_keeps_the_log_and_core_memory(db: Database) -
         ("system", "You are Sam, v2."),
         ("user", "summary"),
         ("user", "hi"),
-        ("assistant", ""),
+        ("assistant", None),  # as OpenAI sent it
         ("tool", "42"),
         ("assistant", "It is 42."),
     ]
@@ -165,7 +165,7 @@ def test_from_openai_keeps_unknown_fields_in_meta() -> None:
     converted = from_openai({"role": "assistant", "content": None, "audio": {"id": "a1"}, "tool_calls": CALL})
     assert converted == {
         "role": "assistant",
-        "content": "",
+        "content": None,
         "tool_calls": CALL,
         "meta": {"openai": {"audio": {"id": "a1"}}},
     }

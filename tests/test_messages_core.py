@@ -194,9 +194,57 @@ async def test_append_with_an_existing_message_id_raises_conflict_and_writes_not
         async with db.unit_of_work() as uow:
             await uow.messages.append(chat.id, [{"role": "user"}, {"role": "user", "id": str(message_id)}])
     assert caught.value.__cause__ is not None
+    assert str(caught.value) == "a message with this id exists"  # the same words on both engines
     assert await count_rows(db, "messages") == 1
     async with db.unit_of_work() as uow:
         assert (await uow.sessions.get(chat.id)).next_seq == 2
+
+
+async def test_assistant_message_that_only_calls_tools_keeps_content_none(db: Database) -> None:
+    chat = await _new_session(db)
+    call = {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+    async with db.unit_of_work() as uow:
+        [asked] = await uow.messages.append(
+            chat.id, {"role": "assistant", "content": None, "tool_calls": [call]}
+        )
+        await uow.messages.append(chat.id, [{"role": "tool", "content": "sunny", "tool_call_id": "call_1"}])
+    assert asked.content is None
+    async with db.unit_of_work(read_only=True) as uow:
+        window = await uow.messages.window(chat.id)
+        assert [(m.role, m.content) for m in window] == [("assistant", None), ("tool", "sunny")]
+        assert (await uow.messages.get(asked.id)).content is None
+        assert [m.content for m in await uow.messages.context(chat.id, max_tokens=1_000)] == [None, "sunny"]
+        assert (await uow.messages.search(chat.agent_id, "sunny")).total == 1
+
+
+@pytest.mark.parametrize("role", ["system", "user", "tool"])
+async def test_no_content_is_refused_for_other_roles_and_writes_nothing(db: Database, role: str) -> None:
+    chat = await _new_session(db)
+    with pytest.raises(ValidationError, match=r"messages\[1\]\.content: only assistant messages"):
+        async with db.unit_of_work() as uow:
+            await uow.messages.append(
+                chat.id, [{"role": "user", "content": "hi"}, {"role": role, "content": None}]
+            )
+    assert await count_rows(db, "messages") == 0
+
+
+async def test_taken_names_and_keys_are_named_the_same_way_on_both_engines(db: Database) -> None:
+    async with db.unit_of_work() as uow:
+        sam = await uow.agents.create("sam")
+        bob = await uow.agents.create("bob")
+        await uow.sessions.create(sam.id, key="chat-1")
+    async with db.unit_of_work() as uow:
+        with pytest.raises(ConflictError) as created:
+            await uow.agents.create("sam")
+        with pytest.raises(ConflictError) as renamed:
+            await uow.agents.update(bob.id, name="sam")
+        with pytest.raises(ConflictError) as keyed:
+            await uow.sessions.create(sam.id, key="chat-1")
+        await uow.agents.create("ann")  # each conflict lost only its savepoint
+    assert str(created.value) == str(renamed.value) == "an agent named 'sam' exists"
+    assert str(keyed.value) == f"agent {sam.id} has a session with key 'chat-1'"
+    async with db.unit_of_work(read_only=True) as uow:
+        assert sorted(agent.name for agent in (await uow.agents.list()).items) == ["ann", "bob", "sam"]
 
 
 _roles = st.sampled_from(["system", "user", "assistant", "tool"])

@@ -253,3 +253,44 @@ async def test_0006_computes_the_search_words_of_rows_written_before_it(store: S
             await uow.messages.append(chat.id, {"role": "user", "content": "İSTANBUL again"})
         async with db.unit_of_work(read_only=True) as uow:
             assert (await uow.messages.search(agent, "i̇stanbul")).total == 2
+
+
+async def test_0007_lets_assistant_messages_have_no_content_and_keeps_what_search_finds(store: Store) -> None:
+    async with store.database() as db:
+        await db.upgrade("0005")
+        agent = await _insert_at_0005(db)
+        await db.upgrade("0006")
+        async with db.engine.begin() as connection:  # gaps in the rowids, which the SQLite rebuild closes
+            await connection.execute(MESSAGES.delete().where(MESSAGES.c.content.like("bulk 1%")))
+        await db.upgrade("0007")
+        assert await _drift(db) == []
+        bulk = BULK - sum(1 for n in range(BULK) if str(n).startswith("1"))
+        expected = {
+            query[:20]: ([LEGACY_TEXTS[i][:20]], [LEGACY_TEXTS[i][:20]])
+            for query, i in LEGACY_QUERIES.items()
+        }
+        assert await _legacy_found(db, agent) == expected
+        async with db.unit_of_work() as uow:
+            chat = (await uow.sessions.list(agent)).items[0].id
+            await uow.messages.append(
+                chat, {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}
+            )
+            await uow.messages.append(chat, {"role": "user", "content": "bulk again"})
+        async with db.unit_of_work(read_only=True) as uow:
+            assert (await uow.messages.search(agent, "bulk")).total == bulk + 1
+            assert [m.content for m in await uow.messages.window(chat, limit=2)] == [None, "bulk again"]
+        async with db.engine.begin() as connection:  # the database keeps NULL to assistant messages
+            with pytest.raises(sa.exc.IntegrityError):
+                await connection.execute(
+                    MESSAGES.update().where(MESSAGES.c.role == "user").values(content=None)
+                )
+        await db.downgrade("0006")  # content is required again: NULL becomes ''
+        async with db.engine.connect() as connection:
+            stored = MESSAGES.c.content
+            query = sa.select(stored).order_by(MESSAGES.c.seq.desc()).limit(2)
+            assert list((await connection.execute(query)).scalars()) == ["bulk again", ""]
+            if db.dialect == "sqlite":  # the rebuilt FTS5 index finds every row
+                found = "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'bulk'"
+                assert (await connection.exec_driver_sql(found)).scalar() == bulk + 1
+        await db.upgrade()
+        assert await _legacy_found(db, agent) == expected

@@ -52,7 +52,8 @@ async def test_added_passage_reads_back_counts_and_deletes(db: Database) -> None
 async def test_embedding_round_trips_at_float32_precision(db: Database) -> None:
     agent = await _new_agent(db)
     rng = np.random.default_rng(7)
-    values = [*rng.standard_normal(382).tolist(), 1e-30, -3.4e38]
+    # a tiny and a huge component: the largest a vector may hold is just under MAX_VECTOR_LENGTH
+    values = [*rng.standard_normal(382).tolist(), 1e-30, -9.0e18]
     from_numpy = rng.standard_normal(384).astype(np.float32)
     async with db.unit_of_work() as uow:
         as_list = await uow.passages.add(agent.id, "list", values)

@@ -64,8 +64,8 @@ def from_openai(message: MessageInput) -> MessageInput:
     if isinstance(message, Message) or not isinstance(message, Mapping):
         return message
     known = {key: message[key] for key in _OPENAI_FIELDS if key in message}
-    if known.get("content") is None:  # assistant messages that only call tools
-        known["content"] = ""
+    if known.get("content", "") is None and known.get("role") != "assistant":
+        known["content"] = ""  # None is for assistant messages (that only call tools)
     extra = {key: value for key, value in message.items() if key not in _OPENAI_FIELDS}
     meta = check_json_object(extra.pop("meta", None), "meta")
     if extra:
@@ -266,7 +266,7 @@ class PersistenceManager:
         if isinstance(message, str):
             content = message
         elif isinstance(message, Message):
-            content = message.content
+            content = message.content or ""
         elif isinstance(message, Mapping):
             content = message.get("content") or ""
         else:

@@ -101,7 +101,7 @@ class AgentRepository(Repository):
             meta=check_json_object(meta, "meta"),
             retention=_check_retention(retention),
         )
-        async with self._savepoint():
+        async with self._savepoint({"name": agent.name}):
             self.session.add(agent)
             await self.session.flush()
         return agent
@@ -180,7 +180,7 @@ class AgentRepository(Repository):
         )
         if version is not None:
             statement = statement.where(AGENTS.c.version == version)
-        async with self._savepoint():
+        async with self._savepoint(values):  # a rename may take a name in use
             agent: Agent | None = (await self.session.execute(statement)).scalars().first()
         if agent is None:
             exists = await self._scalar(sa.select(AGENTS.c.version).where(AGENTS.c.id == key))

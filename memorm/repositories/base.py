@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -12,7 +12,8 @@ from sqlalchemy.engine import Result
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql import ColumnElement, Executable, Select
 
-from memorm.errors import NotFoundError
+from memorm.conflicts import conflict_message, unique_key_of
+from memorm.errors import ConflictError, NotFoundError
 from memorm.models import AGENTS, SESSIONS
 from memorm.page import Page
 from memorm.search.vector import ARCHIVE_WRITES
@@ -72,16 +73,24 @@ class Repository:
         await self._execute(sa.select(SESSIONS.c.id).where(*where).order_by(SESSIONS.c.id).with_for_update())
 
     @asynccontextmanager
-    async def _savepoint(self) -> AsyncIterator[None]:
+    async def _savepoint(self, written: Mapping[str, Any] | None = None) -> AsyncIterator[None]:
         """Run a write that may break a constraint without poisoning the transaction.
 
         On Postgres a failed statement aborts the whole transaction; inside a
         SAVEPOINT only the savepoint is lost, so a caller that catches the
-        `ConflictError` can carry on with the unit of work.
+        `ConflictError` can carry on with the unit of work.  `written`: the
+        row's values, which a `ConflictError` then names (`an agent named 'sam' exists`).
         """
         check_writable(self.session)
-        async with guarded(self.session, recoverable=True), self.session.begin_nested():
-            yield
+        try:
+            async with guarded(self.session, recoverable=True), self.session.begin_nested():
+                yield
+        except ConflictError as error:
+            key = unique_key_of(error)
+            if key is None or written is None or not set(key[1]) <= set(written):
+                raise
+            values = {column: written[column] for column in key[1]}
+            raise ConflictError(conflict_message(key, values)) from error.__cause__
 
     async def _page(self, query: Select[Any], *, limit: int, offset: int) -> Page[Any]:
         """One page of `query` (already ordered) with its true total."""

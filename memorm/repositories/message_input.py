@@ -65,12 +65,19 @@ def check_message(item: object, index: int) -> dict[str, Any]:
         "created_at": None if created_at is None else check_aware(created_at, f"{where}.created_at"),
         "meta": {} if meta is None else check_json_object(meta, f"{where}.meta"),
         "role": role,
-        "content": check_text(given.get("content", ""), f"{where}.content"),
+        "content": _check_content(given.get("content", ""), role, where),
         "name": check_text(given.get("name"), f"{where}.name", optional=True),
         "tool_calls": tool_calls,
         "tool_call_id": check_text(given.get("tool_call_id"), f"{where}.tool_call_id", optional=True),
         "token_count": tokens,
     }
+
+
+def _check_content(content: object, role: str, where: str) -> str | None:
+    """Text; None only for an assistant message (OpenAI's, when it only calls tools)."""
+    if content is None and role != "assistant":
+        raise ValidationError(f"{where}.content: only assistant messages may have no content (None)")
+    return check_text(content, f"{where}.content", optional=True)
 
 
 def check_batch(

@@ -188,7 +188,9 @@ class MessageQueries(Repository):
         with the newest `_FIRST_SCAN` rows and doubles while every row it
         read still fitted.
         """
-        tokens = sa.func.coalesce(MESSAGES.c.token_count, sa.func.length(MESSAGES.c.content) / 4 + 4)
+        tokens = sa.func.coalesce(
+            MESSAGES.c.token_count, sa.func.coalesce(sa.func.length(MESSAGES.c.content), 0) / 4 + 4
+        )
         cap = min(budget + 1, _FIRST_SCAN)
         while True:
             newest = (

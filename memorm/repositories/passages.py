@@ -93,7 +93,7 @@ class PassageRepository(PassageQueries):
         if found is None:
             model = EmbeddingModel(agent_id=agent_id, name=name, dim=dim, precision=precision)
             try:
-                async with self._savepoint():
+                async with self._savepoint({"agent_id": agent_id, "name": name}):
                     self.session.add(model)
                     await self.session.flush()
             except ConflictError:  # registered meanwhile by another unit of work

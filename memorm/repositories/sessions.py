@@ -71,7 +71,8 @@ class SessionRepository(Repository):
             lifetime = check_duration(found.retention, "the agent's retention")
         if lifetime is not None:
             chat.expires_at = later(chat.created_at, lifetime, "ttl")
-        async with self._savepoint():  # the agent may vanish meanwhile: FK -> NotFoundError
+        # The agent may vanish meanwhile: FK -> NotFoundError.
+        async with self._savepoint({"agent_id": owner, "key": chat.key}):
             self.session.add(chat)
             await self.session.flush()
         return chat

@@ -16,9 +16,12 @@ from functools import cache
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession
 
+from memorm.conflicts import conflict_message, unique_keys
 from memorm.db import Database
 from memorm.driver import fetch, insert_rows
+from memorm.errors import ConflictError
 from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS, fields
 from memorm.progress import Reporter, Silent
 from memorm.translate import guarded
@@ -123,6 +126,33 @@ async def insert_new(db: Database, table: sa.Table, rows: Sequence[Row]) -> int:
             found = set(
                 (await uow.session.execute(sa.select(table.c.id).where(table.c.id.in_(ids)))).scalars()
             )
-        fresh = [row for row in rows if row[at] not in found] if found else list(rows)
+            fresh = [row for row in rows if row[at] not in found] if found else list(rows)
+            await _refuse_taken(uow.session, table, fresh)
         await insert_rows(uow.session, table, column_names(table), fresh)
     return len(fresh)
+
+
+_CHECKED_PER_QUERY = 1_000  # value tuples per query: well inside both engines' parameter limits
+
+
+async def _refuse_taken(session: AsyncSession, table: sa.Table, rows: Sequence[Row]) -> None:
+    """`ConflictError` naming the value if a new row takes a unique value another row holds.
+
+    The destination may hold a row with the same name (or key) under another
+    id; the insert would fail on it without saying which.
+    """
+    names = column_names(table)
+    at = id_index(table)
+    for columns in unique_keys(table)[1:]:
+        where = [names.index(column) for column in columns]
+        wanted = {tuple(row[i] for i in where): row[at] for row in rows}
+        wanted.pop(tuple(None for _ in where), None)  # NULLs never collide (a session without a key)
+        keyed = sa.tuple_(*(table.c[column] for column in columns))
+        values = list(wanted)
+        for start in range(0, len(values), _CHECKED_PER_QUERY):
+            chunk = values[start : start + _CHECKED_PER_QUERY]
+            query = sa.select(table.c.id, *(table.c[c] for c in columns)).where(keyed.in_(chunk))
+            for row_id, *taken in (await session.execute(query)).all():
+                if wanted.get(tuple(taken)) != row_id:
+                    said = conflict_message((table.name, columns), dict(zip(columns, taken, strict=True)))
+                    raise ConflictError(f"{said} in the destination, under another id")

@@ -119,11 +119,11 @@ def to_langchain(message: Message) -> BaseMessage:
         and isinstance(stored.get("data"), dict)
     ):
         data = dict(stored["data"])
-        data.setdefault("content", message.content)
+        data.setdefault("content", message.content or "")
         # Not ours after all (another app's "langchain" key): fall back to the columns.
         with contextlib.suppress(ValueError, TypeError):
             return messages_from_dict([{"type": stored["type"], "data": data}])[0]
-    common: dict[str, Any] = {"content": message.content, "name": message.name, "id": str(message.id)}
+    common: dict[str, Any] = {"content": message.content or "", "name": message.name, "id": str(message.id)}
     if message.role == "system":
         return SystemMessage(**common)
     if message.role == "tool":
