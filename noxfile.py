@@ -27,7 +27,8 @@ def install(session: nox.Session, *groups: str) -> None:
 def tests(session: nox.Session, engine: str) -> None:
     """The test suite on one engine (``nox -s tests`` runs both; engine-free tests run with sqlite)."""
     install(session, "test")
-    session.run("pytest", "-m", "postgres" if engine == "postgres" else "not postgres", *session.posargs)
+    selected = "postgres" if engine == "postgres" else "not postgres"
+    session.run("pytest", "-m", f"{selected} and not long", *session.posargs)
 
 
 @nox.session

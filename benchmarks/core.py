@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from benchmarks.common import Row, Samples, Store, postgres_words, sqlite_words, store, timed
 from memorm import Database, Message
@@ -272,6 +273,15 @@ class RawPostgres:
         await self.connection.close()
 
 
+class Sides(NamedTuple):
+    """What `both_sides` opens."""
+
+    where: Store
+    db: Database
+    raw: RawSQLite | RawPostgres
+    agent_id: uuid.UUID
+
+
 async def open_raw(where: Store) -> RawSQLite | RawPostgres:
     if where.engine == "sqlite":
         return RawSQLite(await where.raw_sqlite())
@@ -495,7 +505,9 @@ async def bench_window(
     return rows
 
 
-async def run_engine(engine: str, *, quick: bool = False) -> list[Row]:
+@asynccontextmanager
+async def both_sides(engine: str) -> AsyncIterator[Sides]:
+    """A fresh store with memorm's schema, a memorm `Database` and a raw connection on it, and an agent."""
     async with store(engine) as where:
         db = where.database()
         raw = await open_raw(where)
@@ -503,21 +515,26 @@ async def run_engine(engine: str, *, quick: bool = False) -> list[Row]:
             await db.create_all()
             async with db.unit_of_work() as uow:
                 agent_id = (await uow.agents.create("bench")).id
-            await check_equivalence(db, raw, agent_id)
-            rows = await bench_bulk(db, raw, agent_id, engine, reps=2 if quick else 5, size=10_000)
-            rows += await bench_singles(db, raw, agent_id, engine, count=100 if quick else 1_000)
-            rows += await bench_window(
-                db,
-                raw,
-                agent_id,
-                engine,
-                sizes=(1_000, 10_000 if quick else 100_000),
-                reads=20 if quick else 200,
-            )
-            return rows
+            yield Sides(where, db, raw, agent_id)
         finally:
             await raw.close()
             await db.dispose()
+
+
+async def run_engine(engine: str, *, quick: bool = False) -> list[Row]:
+    async with both_sides(engine) as (_, db, raw, agent_id):
+        await check_equivalence(db, raw, agent_id)
+        rows = await bench_bulk(db, raw, agent_id, engine, reps=2 if quick else 5, size=10_000)
+        rows += await bench_singles(db, raw, agent_id, engine, count=100 if quick else 1_000)
+        rows += await bench_window(
+            db,
+            raw,
+            agent_id,
+            engine,
+            sizes=(1_000, 10_000 if quick else 100_000),
+            reads=20 if quick else 200,
+        )
+        return rows
 
 
 async def run(engines: Sequence[str], *, quick: bool = False) -> list[Row]:

@@ -183,7 +183,7 @@ def _clustered(seed: int, n: int, clusters: int) -> tuple[np.ndarray, np.ndarray
     return points.astype(np.float32), queries.astype(np.float32)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 async def test_hnsw_recall_at_10_is_at_least_95_percent_on_clustered_vectors(db: Database) -> None:
     vectors, queries = _clustered(20_000, 20_000, 200)
     agent, ids = await _load(db, vectors, batch=5_000)

@@ -32,7 +32,7 @@ from conftest import ENGINES, Store, count_rows
 from memorm import Database
 from memorm.errors import DatabaseError
 
-pytestmark = [pytest.mark.anyio, pytest.mark.reliability]
+pytestmark = [pytest.mark.anyio, pytest.mark.reliability, pytest.mark.long]
 
 POSTGRES = pytest.mark.parametrize("engine", [ENGINES[1]], indirect=True)
 KINDS = ["wait_for", "task.cancel", "anyio", *(["asyncio.timeout"] if sys.version_info >= (3, 11) else [])]

@@ -24,7 +24,7 @@ from memorm import Database
 from memorm.errors import DatabaseError, MemormError
 from memorm.translate import guarded
 
-pytestmark = [pytest.mark.anyio, pytest.mark.reliability]
+pytestmark = [pytest.mark.anyio, pytest.mark.reliability, pytest.mark.long]
 
 SQLITE = pytest.mark.parametrize("engine", [ENGINES[0]], indirect=True)
 POSTGRES = pytest.mark.parametrize("engine", [ENGINES[1]], indirect=True)

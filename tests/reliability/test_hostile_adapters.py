@@ -24,7 +24,7 @@ from memorm.compat.openai_agents import MemormSession
 from memorm.errors import MemormError
 from reliability.hostile_kit import base_rows, record, report_counts, snapshot
 
-pytestmark = [pytest.mark.anyio, pytest.mark.reliability]
+pytestmark = [pytest.mark.anyio, pytest.mark.reliability, pytest.mark.long]
 _ = report_counts  # an autouse fixture: imported so pytest finds it here
 
 Hostile = Callable[[Database, dict[str, Any]], Awaitable[Any]]

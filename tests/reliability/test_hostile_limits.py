@@ -29,7 +29,7 @@ from reliability.hostile_kit import (
     report_counts,
 )
 
-pytestmark = [pytest.mark.anyio, pytest.mark.reliability]
+pytestmark = [pytest.mark.anyio, pytest.mark.reliability, pytest.mark.long]
 _ = report_counts  # an autouse fixture: imported so pytest finds it here
 
 UTC = timezone.utc

@@ -35,7 +35,7 @@ from conftest import Store, count_rows
 
 from memorm import Database
 
-pytestmark = [pytest.mark.anyio, pytest.mark.reliability]
+pytestmark = [pytest.mark.anyio, pytest.mark.reliability, pytest.mark.long]
 
 T = TypeVar("T")
 

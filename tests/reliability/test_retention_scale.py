@@ -39,7 +39,7 @@ from memorm.retention import Removed, forget, purge_expired, purge_older_than
 from memorm.search.fts_ddl import MESSAGES_FTS
 from memorm.types import UUIDType, utcnow
 
-pytestmark = [pytest.mark.anyio, pytest.mark.reliability]
+pytestmark = [pytest.mark.anyio, pytest.mark.reliability, pytest.mark.long]
 
 EXPIRED = 500  # sessions past expires_at
 PER_SESSION = 100  # messages in each, appended 100 per call
