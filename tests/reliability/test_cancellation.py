@@ -196,11 +196,13 @@ async def test_a_long_postgres_statement_is_cancelled_on_the_server(
     db: Database, store: Store, kind: str
 ) -> None:
     chat = await _chat(db)
+    # This test's own statement: another suite on the same server may sleep too.
+    sleep = f"SELECT pg_sleep(30) /* {uuid.uuid4().hex} */"
 
     async def sleeps() -> None:
         async with db.unit_of_work() as uow:
             await uow.messages.append(chat, {"role": "user", "content": "lost"})
-            await uow.session.execute(sa.text("SELECT pg_sleep(30)"))
+            await uow.session.execute(sa.text(sleep))
 
     with loop_errors() as errors:
         for _ in range(5):
@@ -213,7 +215,7 @@ async def test_a_long_postgres_statement_is_cancelled_on_the_server(
     await assert_clean(db, store)
     async with db.unit_of_work(read_only=True) as uow:
         sleeping = await uow.session.scalar(
-            sa.text("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(30)%'")
+            sa.text("SELECT count(*) FROM pg_stat_activity WHERE query = :sleep"), {"sleep": sleep}
         )
     assert sleeping == 0  # the server stopped them: nothing holds a backend
     assert await count_rows(db, "messages") == 0
