@@ -324,29 +324,33 @@ class Database:
 
         Runs once per `Database`; units of work call it before their first statement.
         """
-        if self._schema_ok:
+        if self._schema_ok and self._state.role_known:
             return
         async with self._schema_lock:
-            if self._schema_ok:
-                return
-            from memorm.migrate import head_revision
+            if not self._schema_ok:
+                await self._check_revision()
+                self._schema_ok = True
+            if not self._state.role_known:
+                if self.dialect == "postgresql":
+                    self._state.bypasses_rls = await self._bypasses_rls()
+                self._state.role_known = True
 
-            try:
-                current = await self.current_revision()
-            except MemormError:
-                raise
-            except Exception as error:
-                raise (translate(error) or DatabaseError(str(error))) from error
-            head = head_revision()
-            if current != head:
-                where = "has no memorm schema" if current is None else f"is at {current}"
-                raise SchemaError(
-                    f"the database {where}, but this memorm needs revision {head}: "
-                    "run `memorm db upgrade` (or `await db.upgrade()`)"
-                )
-            if self.dialect == "postgresql":
-                self._state.bypasses_rls = await self._bypasses_rls()
-            self._schema_ok = True
+    async def _check_revision(self) -> None:
+        from memorm.migrate import head_revision
+
+        try:
+            current = await self.current_revision()
+        except MemormError:
+            raise
+        except Exception as error:
+            raise (translate(error) or DatabaseError(str(error))) from error
+        head = head_revision()
+        if current != head:
+            where = "has no memorm schema" if current is None else f"is at {current}"
+            raise SchemaError(
+                f"the database {where}, but this memorm needs revision {head}: "
+                "run `memorm db upgrade` (or `await db.upgrade()`)"
+            )
 
     async def _bypasses_rls(self) -> bool:
         """Whether this database's role is exempt from row-level security (superuser or BYPASSRLS)."""
@@ -367,7 +371,7 @@ class Database:
         and an application role (`memorm db create-role`) for the server.
         False on SQLite, which has no row-level security.
         """
-        return bool(self._state.bypasses_rls)
+        return self._state.bypasses_rls
 
 
 _BYPASSES_RLS = sa.text("SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user")
@@ -378,7 +382,8 @@ class _Shared:
 
     def __init__(self) -> None:
         self.schema_ok = False
-        self.bypasses_rls: bool | None = None  # Postgres: known once the schema was checked
+        self.bypasses_rls = False  # Postgres: whether the role is exempt from row-level security
+        self.role_known = False  # whether bypasses_rls was looked up
 
 
 _CHECKPOINT_TRIES = 40

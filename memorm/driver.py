@@ -32,6 +32,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from memorm.tenancy import TENANT
 from memorm.translate import check_writable, guarded
 
 __all__ = ["COPY_THRESHOLD", "fetch", "in_transaction", "insert_rows", "interrupt"]
@@ -54,7 +55,10 @@ async def insert_rows(
         dialect = connection.dialect
         records = _convert(_processors(dialect, table, names), rows, sources)
         driver: Any = (await connection.get_raw_connection()).driver_connection
-        if dialect.name == "postgresql" and len(records) >= COPY_THRESHOLD:
+        # Postgres refuses COPY FROM into a table under row-level security for a
+        # role subject to it (the unit of work then sets a tenant): INSERT instead.
+        copy = TENANT not in session.info
+        if dialect.name == "postgresql" and copy and len(records) >= COPY_THRESHOLD:
             await driver.copy_records_to_table(table.name, records=records, columns=names)
         else:
             await driver.executemany(_insert_sql(dialect, table, names), records)

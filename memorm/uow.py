@@ -39,7 +39,7 @@ from memorm.repositories import (
     SessionRepository,
 )
 from memorm.search.vector import ARCHIVE_WRITES
-from memorm.tenancy import DEFAULT_TENANT, TENANT, TenantSession
+from memorm.tenancy import DEFAULT_TENANT, READ_ONLY_BEGIN, TENANT, TenantSession
 from memorm.translate import FAILED, INTERRUPTED, MANAGED, READ_ONLY, failure, translating
 
 if TYPE_CHECKING:
@@ -148,8 +148,10 @@ class UnitOfWork:
             # gives every statement a fresh snapshot inside a transaction too; but
             # the tenant setting needs a transaction to live in.
             options[READ_ONLY] = True
-            if self.db.dialect == "postgresql" and not self._sets_tenant:
-                options["isolation_level"] = "AUTOCOMMIT"
+        if self.db.dialect == "postgresql" and (self.read_only or self._sets_tenant):
+            # A tenant's transaction is begun (and ended) by the unit of work itself,
+            # BEGIN and the tenant's setting in one round trip (memorm.tenancy).
+            options["isolation_level"] = "AUTOCOMMIT"
         engine = state.with_options(self.read_only, options)
         with translating():
             if state.checkout_may_connect():
@@ -169,6 +171,7 @@ class UnitOfWork:
         self.session.info[READ_ONLY] = self.read_only
         if self._sets_tenant and self.tenant is not None:
             self.session.info[TENANT] = self.tenant
+            self.session.info[READ_ONLY_BEGIN] = self.read_only
         self._session = self.session
         tenant = self.tenant
         self.agents = AgentRepository(self.session, tenant)
@@ -217,6 +220,8 @@ class UnitOfWork:
             try:
                 if session is not None:
                     await session.close()  # rolls back whatever is left
+                if self._sets_tenant and in_transaction(self._driver):
+                    await self._driver.execute("ROLLBACK")  # the transaction the unit of work began
                 dirty = in_transaction(self._driver)
             except Exception:
                 dirty = True
@@ -242,6 +247,8 @@ class UnitOfWork:
         try:
             with translating():
                 await self.session.commit()
+                if self._sets_tenant and in_transaction(self._driver):
+                    await self._driver.execute("COMMIT")  # the transaction the unit of work began
         except MemormError as error:
             self.session.info[FAILED] = error  # a failed COMMIT leaves nothing to commit later
             raise
@@ -260,3 +267,5 @@ class UnitOfWork:
         self.session.info.pop(ARCHIVE_WRITES, None)
         with translating():
             await self.session.rollback()
+            if self._sets_tenant and in_transaction(self._driver):
+                await self._driver.execute("ROLLBACK")
