@@ -312,7 +312,8 @@ async def test_0008_puts_every_row_in_the_default_tenant_and_round_trips(store: 
         }  # every row kept, as it was, with "default" in front
         assert {row[0] for rows in after.values() for row in rows} == {"default"}
         expected = {
-            query[:20]: ([LEGACY_TEXTS[i][:20]], [LEGACY_TEXTS[i][:20]]) for query, i in LEGACY_QUERIES.items()
+            query[:20]: ([LEGACY_TEXTS[i][:20]], [LEGACY_TEXTS[i][:20]])
+            for query, i in LEGACY_QUERIES.items()
         }
         assert await _legacy_found(db, agent) == expected
         async with db.unit_of_work("acme") as uow:  # the same name in another tenant is no conflict

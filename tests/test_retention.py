@@ -768,6 +768,7 @@ async def _index_traces(db: Database, word: str) -> dict[str, int]:
     return traces
 
 
+@pytest.mark.owner  # DDL, or plans that differ under row-level security
 async def test_forget_erases_a_person_everywhere_and_keeps_everyone_else(db: Database) -> None:
     people = await _people(db)
     before = await table_counts(db)
