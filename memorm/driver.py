@@ -7,7 +7,8 @@ and the ORM's `add_all` about 5x, so batches skip both:
 * Postgres: `COPY … FROM STDIN (FORMAT binary)` through asyncpg's
   `copy_records_to_table`, several times faster than multi-row INSERTs,
   for batches of `COPY_THRESHOLD` rows or more; smaller ones use a
-  prepared INSERT (asyncpg's `executemany`).
+  prepared INSERT (asyncpg's `executemany`), and so does a role under
+  row-level security, for which Postgres refuses `COPY FROM`.
 
 **Fetches on SQLite** (`fetch`).  SQLAlchemy's aiosqlite adapter makes
 up to four thread hops per statement (cursor, execute, fetchall, close);
@@ -55,10 +56,10 @@ async def insert_rows(
         dialect = connection.dialect
         records = _convert(_processors(dialect, table, names), rows, sources)
         driver: Any = (await connection.get_raw_connection()).driver_connection
-        # Postgres refuses COPY FROM into a table under row-level security for a
-        # role subject to it (the unit of work then sets a tenant): INSERT instead.
-        copy = TENANT not in session.info
-        if dialect.name == "postgresql" and copy and len(records) >= COPY_THRESHOLD:
+        # A unit of work that sets its tenant runs under row-level security, and
+        # Postgres refuses COPY FROM to a table with row-level security.
+        copy = dialect.name == "postgresql" and TENANT not in session.info
+        if copy and len(records) >= COPY_THRESHOLD:
             await driver.copy_records_to_table(table.name, records=records, columns=names)
         else:
             await driver.executemany(_insert_sql(dialect, table, names), records)
