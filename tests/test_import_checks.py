@@ -14,7 +14,7 @@ import gzip
 import json
 import math
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,30 +23,11 @@ import pytest
 from memorm import Database, ValidationError
 from memorm.cli import main
 from memorm.transfer import digest_database, export_jsonl, import_jsonl
-from tests.conftest import Store
 from tests.test_cli_transfer import _populate, dump
 
 pytestmark = pytest.mark.anyio
 
 Records = list[dict[str, Any]]
-
-
-@pytest.fixture
-async def db(store: Store) -> AsyncIterator[Database]:
-    """The suite's `db`, but opened anew after `create_all`, as an application would open it.
-
-    `create_all` marks the schema checked without learning whether the role
-    bypasses row-level security, so that `Database` takes a superuser for
-    one that does not and refuses all-tenants units of work.
-    """
-    made = store.database()
-    await made.create_all()
-    await made.dispose()
-    database = store.database()
-    try:
-        yield database
-    finally:
-        await database.dispose()
 
 
 @pytest.fixture(scope="module")

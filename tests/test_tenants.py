@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from conftest import Store
 from tenant_data import FILLED, TABLES, WORDS, fill, rows_of
 
 from memorm import Database, NotFoundError, ValidationError
@@ -22,24 +20,6 @@ from memorm.retention import Removed, forget, purge_expired, purge_older_than
 from memorm.tenants import delete_tenant, list_tenants
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def db(store: Store) -> AsyncIterator[Database]:
-    """conftest's `db`, but a `Database` that checks the schema (and the role) on first use.
-
-    `create_all` marks the schema checked without learning whether the role
-    bypasses row-level security, so on Postgres its `Database` would refuse
-    all-tenants units of work even as a superuser.
-    """
-    setup = store.database()
-    await setup.create_all()
-    await setup.dispose()
-    database = store.database()
-    try:
-        yield database
-    finally:
-        await database.dispose()
 
 
 async def warm_vector_cache(db: Database, tenant: str, agents: dict[str, uuid.UUID]) -> None:

@@ -26,14 +26,13 @@ from memorm import Database, ValidationError
 from memorm.cli import main
 from memorm.models import fields
 from memorm.transfer import TABLES, copy_database, digest_database, export_jsonl, import_jsonl
-from tests import test_import_checks, test_tenancy_rls
+from tests import test_tenancy_rls
 from tests.conftest import POSTGRES_URL, admin_execute
 from tests.test_cli_transfer import _execute, _populate, _rewrite_rows, _url, postgres_urls  # noqa: F401
 from tests.test_tenancy_rls import Roles
 
 pytestmark = pytest.mark.anyio
 
-db = test_import_checks.db  # the suite's `db`, opened anew after create_all
 roles = test_tenancy_rls.roles  # a superuser and an application role on one schema
 
 TENANTS = ("B", "a")  # code point order; ICU's "en" says a < B
