@@ -8,6 +8,10 @@ takes no bind parameters) are built by Postgres' own `format()` with
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
+import os
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
@@ -101,6 +105,29 @@ async def delete_tenant(
     return deleted
 
 
+SCRAM_ITERATIONS = 4096  # Postgres' own default (scram_iterations)
+
+
+def scram_sha_256(password: str, *, salt: bytes | None = None) -> str:
+    """The SCRAM-SHA-256 verifier Postgres stores for `password` (RFC 5802, 7677).
+
+    Given to `ALTER ROLE … PASSWORD`, Postgres stores it as is, so the
+    password itself never reaches the server or its logs.  (Postgres
+    normalises a password with SASLprep first; for the printable ASCII and
+    most other text that changes nothing.)
+    """
+    salt = os.urandom(16) if salt is None else salt
+    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, SCRAM_ITERATIONS)
+    client_key = hmac.new(salted, b"Client Key", "sha256").digest()
+    stored_key = hashlib.sha256(client_key).digest()
+    server_key = hmac.new(salted, b"Server Key", "sha256").digest()
+    encode = base64.b64encode
+    return (
+        f"SCRAM-SHA-256${SCRAM_ITERATIONS}:{encode(salt).decode()}"
+        f"${encode(stored_key).decode()}:{encode(server_key).decode()}"
+    )
+
+
 def _check_role(role: object) -> str:
     if not isinstance(role, str) or not role or "\x00" in role or len(role.encode()) > 63:
         raise ValidationError("role: expected a name of 1 to 63 bytes without NUL")
@@ -158,8 +185,9 @@ async def create_role(db: Database, role: str, *, password: str | None = None) -
                 await run("CREATE ROLE %I LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE", name)
                 done.append(f"role {name} created: LOGIN NOSUPERUSER NOBYPASSRLS")
             if password is not None:
-                await run("ALTER ROLE %I PASSWORD %L", name, password)
-                done.append("password set")
+                # Hashed here: the statement (which a server may log) holds no password.
+                await run("ALTER ROLE %I PASSWORD %L", name, scram_sha_256(password))
+                done.append("password set (sent as a SCRAM-SHA-256 verifier)")
             database = await connection.scalar(sa.text("SELECT current_database()"))
             await run("GRANT CONNECT ON DATABASE %I TO %I", database, name)
             await run("GRANT USAGE ON SCHEMA %I TO %I", schema, name)

@@ -9,6 +9,7 @@ row-level security holds to one tenant.
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from tenant_data import FILLED, TABLES, WORDS, fill, rows_of
 
 from memorm import Database
 from memorm.cli import tenant as tenant_cli
-from memorm.tenants import DELETE_BATCH
+from memorm.tenants import DELETE_BATCH, scram_sha_256
 
 
 async def _upgrade(url: str) -> None:
@@ -255,11 +256,14 @@ def test_create_role_takes_its_password_from_the_environment_only(
     monkeypatch.setenv("MEMORM_TEST_APP_PASSWORD", secret)
     code, out, err = memorm(capsys, *argv)
     assert (code, err) == (0, "")
-    assert "password set" in out.splitlines()
+    assert "password set (sent as a SCRAM-SHA-256 verifier)" in out.splitlines()
     assert secret not in out
     found = _admin_fetch(url, "SELECT rolpassword FROM pg_authid WHERE rolname = $1", role)
-    assert found["rolpassword"] is not None
-    assert secret not in found["rolpassword"]  # stored hashed
+    stored = found["rolpassword"]
+    assert secret not in stored  # stored hashed
+    # The verifier Postgres keeps is the one memorm computed: the password itself never went to the server.
+    salt = base64.b64decode(stored.split("$")[1].split(":")[1])
+    assert stored == scram_sha_256(secret, salt=salt)
     assert "--url" in usage_error(capsys, "db", "create-role", role)  # the admin URL is required
 
 
