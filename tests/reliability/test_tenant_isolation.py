@@ -14,7 +14,8 @@ tenants apart, as on SQLite) and Postgres as an application role made by
   hashes the same before and after, and A's searches (full-text index,
   vector cache) answer as before.
 * Tenant B then holds copies of A's rows under the same ids: B's write paths
-  change B's copies as expected and leave A's rows byte for byte.
+  change B's copies as expected and leave A's rows byte for byte, and so do
+  maintenance across tenants (`forget`, `purge_expired`) and `delete_tenant`.
 
 Counts of methods and calls go to `.bench/reliability-tenancy-<scene>.json`.
 """
@@ -657,3 +658,41 @@ async def test_tenant_b_with_tenant_as_ids_changes_only_its_own_copies(scene: Sc
             assert (await uow.session.execute(left)).scalar() == 0, table.name
     assert await searches(db, "a", a) == found
     assert await log_of(db, "a", a.session) == a_log
+
+
+async def test_maintenance_across_tenants_matches_rows_by_tenant_and_id(scene: Scene) -> None:
+    """All-tenants `forget` and `purge_expired`, and `delete_tenant`, with B's rows under A's ids."""
+    db, owner = scene.db, scene.owner
+    a = await fill_a(db)
+    await copy_tenant(owner, "a", "b")
+    # B's copies alone get a person to forget and a session expired long ago.  Raw SQL:
+    # the tenant is named (only row-level security would add it).
+    edits = [
+        (SESSIONS, a.spare_session, {"meta": {"user_id": "bea"}}),
+        (PASSAGES, a.passages[1], {"meta": {"user_id": "bea"}}),
+        (SESSIONS, a.old_session, {"expires_at": datetime(2000, 1, 1, tzinfo=timezone.utc)}),
+    ]
+    async with db.unit_of_work("b") as uow:
+        for table, key, values in edits:
+            await uow.session.execute(
+                sa.update(table).where(table.c.tenant == "b", table.c.id == key).values(values)
+            )
+    before = await tenant_hash(owner, "a")
+    found = await searches(db, "a", a)
+    async with owner.unit_of_work(all_tenants=True) as uow:
+        assert await uow.agents.forget({"user_id": "bea"}) == Removed(sessions=1, messages=1, passages=1)
+        instant = datetime(2001, 1, 1, tzinfo=timezone.utc)
+        assert await uow.sessions.purge_expired(now=instant) == Removed(sessions=1, messages=1)
+    assert await tenant_hash(owner, "a") == before
+    async with db.unit_of_work("b", read_only=True) as uow:
+        assert [s.key for s in (await uow.sessions.list(a.agent)).items] == ["chat-1"]
+        assert await uow.passages.count(a.agent) == 3
+    assert await db.delete_tenant("b", batch=2) == {
+        "agents": 1,
+        "embedding_models": 2,
+        "sessions": 1,
+        "messages": 5,
+        "archival_passages": 3,
+    }
+    assert await tenant_hash(owner, "a") == before
+    assert await searches(db, "a", a) == found
