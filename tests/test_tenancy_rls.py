@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 import pytest
 import sqlalchemy as sa
-from conftest import POSTGRES_URL, Store, asyncpg_dsn
+from conftest import Store, app_role, asyncpg_dsn
 from sqlalchemy.engine import make_url
 
 from memorm import Database, ValidationError
@@ -42,24 +42,8 @@ def engine() -> str:
 
 @pytest.fixture
 async def roles(store: Store) -> AsyncIterator[Roles]:
-    owner = store.database()
-    await owner.upgrade()
-    role = f"memorm_app_{uuid.uuid4().hex[:10]}"
-    await create_role(owner, role)
-    app_url = make_url(POSTGRES_URL).set(username=role).render_as_string(hide_password=False)
-    app = Database(app_url, **store.options)
-    try:
+    async with app_role(store) as (owner, app, role):
         yield Roles(owner, app, role, str(store.schema))
-    finally:
-        await app.dispose()
-        await owner.dispose()
-        admin = await asyncpg.connect(asyncpg_dsn())
-        try:
-            await admin.execute(f'DROP SCHEMA IF EXISTS "{store.schema}" CASCADE')
-            await admin.execute(f'DROP OWNED BY "{role}"')
-            await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
-        finally:
-            await admin.close()
 
 
 async def _fill(db: Database, tenant: str) -> dict[str, Any]:
@@ -222,3 +206,17 @@ async def test_create_role_is_idempotent_and_refuses_the_tables_owner(roles: Rol
     assert tuple(flags) == (False, False, True)
     with pytest.raises(ValidationError, match="owns memorm's tables"):
         await create_role(roles.owner, owner)
+
+
+async def test_all_tenants_works_for_a_superuser_after_create_all(store: Store) -> None:
+    db = store.database()
+    await db.create_all()  # as conftest's `db` fixture does
+    try:
+        await _fill(db, "a")
+        await _fill(db, "b")
+        async with db.unit_of_work(read_only=True, all_tenants=True) as uow:
+            tenants = set((await uow.session.execute(sa.select(AGENTS.c.tenant))).scalars())
+        assert tenants == {"a", "b"}
+        assert db.bypasses_rls
+    finally:
+        await db.dispose()
