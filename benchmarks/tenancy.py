@@ -36,6 +36,7 @@ HISTORY = 2_000  # messages in the session searched and windowed
 PASSAGES = 2_000
 DIM = 128
 RARE = "zephyrine"  # in 1 message of HISTORY; "common" words are in most
+BULK = 1_000  # messages per bulk append (COPY for the exempt role; INSERTs under RLS)
 
 
 def _vector(rng: random.Random) -> list[float]:
@@ -65,6 +66,12 @@ def _operations(
         async with db.unit_of_work() as uow:
             await uow.messages.append(chat, {"role": "user", "content": "one more common message"})
 
+    batch = make_messages(BULK)
+
+    async def append_bulk(db: Database) -> None:  # dicts built anew each time, as a caller does
+        async with db.unit_of_work() as uow:
+            await uow.messages.append(chat, [dict(message) for message in batch])
+
     async def read(db: Database, work: Callable[[Any], Awaitable[Any]]) -> Any:
         async with db.unit_of_work(read_only=True) as uow:
             return await work(uow)
@@ -76,6 +83,8 @@ def _operations(
         "text search, common word": lambda db: read(db, lambda u: u.messages.search(agent, "common")),
         f"text search, rare word ({RARE})": lambda db: read(db, lambda u: u.messages.search(agent, RARE)),
         "vector search k=10 (exact)": lambda db: read(db, lambda u: u.passages.search(agent, query, k=10)),
+        # last: it grows the history the others read
+        f"append {BULK:,} messages (one uow)": append_bulk,
     }
 
 
@@ -100,7 +109,8 @@ async def run(engines: Sequence[str], *, quick: bool = False) -> list[Row]:
                 for _ in range(5):  # warm-up: pools, prepared statements
                     await operation(app)
                     await operation(owner)
-                for turn in range(reps):
+                turns = max(5, reps // 20) if name.startswith(f"append {BULK:,}") else reps
+                for turn in range(turns):
                     first, second = ((app, with_rls), (owner, without))[:: 1 if turn % 2 else -1]
                     await timed(lambda d=first[0], op=operation: op(d), first[1])
                     await timed(lambda d=second[0], op=operation: op(d), second[1])
@@ -115,11 +125,11 @@ async def run(engines: Sequence[str], *, quick: bool = False) -> list[Row]:
                         note="raw column: the same memorm call as a role exempt from RLS",
                     )
                 )
-                if name.startswith(("append", "window")):
+                if name in ("append one message (uow)", "window 50 (read-only uow)"):
                     baseline = Samples()
                     message = {"role": "user", "content": "one more common message"}
                     for _ in range(reps):
-                        if name.startswith("append"):
+                        if name.startswith("append one"):
                             await timed(lambda m=message: raw.append_one(chat, m), baseline)
                         else:
                             await timed(lambda: raw.window(chat, 50), baseline)
