@@ -79,7 +79,9 @@ WARM_TARGET = 2.0
 RECALL_TARGET = 0.95
 SPEEDUP_TARGET = 5.0
 
+TENANT = "default"  # the tenant memorm writes (the embedding model rows take it from the server default)
 COLUMNS = (
+    "tenant",
     "id",
     "created_at",
     "updated_at",
@@ -233,6 +235,7 @@ class RawSQLite:
             # array("f").tobytes() is little-endian float32 on this (little-endian) machine.
             records = [
                 (
+                    TENANT,
                     uuid7().hex,
                     now,
                     now,
@@ -312,7 +315,20 @@ class RawPostgres:
             elif tuple(found) != (dim, "float32"):
                 raise ValueError(f"model {MODEL!r} is {tuple(found)}")
             records = [
-                (uuid7(), now, now, "{}", agent_id, item["text"], item["embedding"], None, MODEL, dim, words)
+                (
+                    TENANT,
+                    uuid7(),
+                    now,
+                    now,
+                    "{}",
+                    agent_id,
+                    item["text"],
+                    item["embedding"],
+                    None,
+                    MODEL,
+                    dim,
+                    words,
+                )
                 for item in items
                 for words in (postgres_words(item["text"]),)
             ]

@@ -117,8 +117,10 @@ class Store:
         words as memorm does (COPY has no text path for them).
         """
         assert self.schema is not None
-        search_path = {"search_path": f"{self.schema},public"}
-        connection = await asyncpg.connect(asyncpg_dsn(), server_settings=search_path)
+        # memorm.tenant: rows a raw INSERT writes without a tenant land in memorm's default
+        # tenant (the column's server default reads the setting), as memorm's own do.
+        settings = {"search_path": f"{self.schema},public", "memorm.tenant": "default"}
+        connection = await asyncpg.connect(asyncpg_dsn(), server_settings=settings)
         await register_tsvector(connection)
         return connection
 

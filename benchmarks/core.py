@@ -35,7 +35,9 @@ from memorm.types.json import dumps, loads
 
 NAME = "core"
 
+TENANT = "default"  # memorm writes and filters the unit of work's tenant; so does raw
 COLUMNS = (
+    "tenant",
     "id",
     "created_at",
     "updated_at",
@@ -105,11 +107,13 @@ class RawSQLite:
     """
 
     ALLOCATE = (
-        "UPDATE sessions SET next_seq = next_seq + ?, updated_at = ? WHERE id = ? "
+        "UPDATE sessions SET next_seq = next_seq + ?, updated_at = ? WHERE tenant = ? AND id = ? "
         "RETURNING agent_id, next_seq"
     )
     INSERT = f"INSERT INTO messages ({WRITTEN_LIST}) VALUES ({', '.join('?' * len(WRITTEN))})"
-    WINDOW = f"SELECT {COLUMN_LIST} FROM messages WHERE session_id = ? ORDER BY seq DESC LIMIT ?"
+    WINDOW = (
+        f"SELECT {COLUMN_LIST} FROM messages WHERE tenant = ? AND session_id = ? ORDER BY seq DESC LIMIT ?"
+    )
 
     def __init__(self, connection: Any) -> None:
         self.connection = connection
@@ -125,10 +129,11 @@ class RawSQLite:
         key = session_id.hex
         await connection.execute("BEGIN IMMEDIATE")
         try:
-            ((agent_id, end),) = await connection.execute_fetchall(self.ALLOCATE, (count, now, key))
+            ((agent_id, end),) = await connection.execute_fetchall(self.ALLOCATE, (count, now, TENANT, key))
             seq = end - count
             records = [
                 (
+                    TENANT,
                     uuid7().hex,
                     now,
                     now,
@@ -162,23 +167,24 @@ class RawSQLite:
         await self._write(session_id, (message,))
 
     async def window(self, session_id: uuid.UUID, limit: int) -> list[dict[str, Any]]:
-        rows = await self.connection.execute_fetchall(self.WINDOW, (session_id.hex, limit))
+        rows = await self.connection.execute_fetchall(self.WINDOW, (TENANT, session_id.hex, limit))
         to_uuid, parse = uuid.UUID, datetime.fromisoformat
         decoded = [
             {
-                "id": to_uuid(row[0]),
-                "created_at": parse(row[1]).replace(tzinfo=UTC),
-                "updated_at": parse(row[2]).replace(tzinfo=UTC),
-                "meta": loads(row[3]),
-                "session_id": to_uuid(row[4]),
-                "agent_id": to_uuid(row[5]),
-                "seq": row[6],
-                "role": row[7],
-                "content": row[8],
-                "name": row[9],
-                "tool_calls": None if row[10] is None else loads(row[10]),
-                "tool_call_id": row[11],
-                "token_count": row[12],
+                "tenant": row[0],
+                "id": to_uuid(row[1]),
+                "created_at": parse(row[2]).replace(tzinfo=UTC),
+                "updated_at": parse(row[3]).replace(tzinfo=UTC),
+                "meta": loads(row[4]),
+                "session_id": to_uuid(row[5]),
+                "agent_id": to_uuid(row[6]),
+                "seq": row[7],
+                "role": row[8],
+                "content": row[9],
+                "name": row[10],
+                "tool_calls": None if row[11] is None else loads(row[11]),
+                "tool_call_id": row[12],
+                "token_count": row[13],
             }
             for row in rows
         ]
@@ -203,12 +209,14 @@ class RawPostgres:
     """
 
     ALLOCATE = (
-        "UPDATE sessions SET next_seq = next_seq + $1, updated_at = $2 WHERE id = $3 "
+        "UPDATE sessions SET next_seq = next_seq + $1, updated_at = $2 WHERE tenant = $3 AND id = $4 "
         "RETURNING agent_id, next_seq"
     )
     PLACES = ", ".join(f"${n + 1}" for n in range(len(WRITTEN)))
     INSERT = f"INSERT INTO messages ({WRITTEN_LIST}) VALUES ({PLACES})"
-    WINDOW = f"SELECT {COLUMN_LIST} FROM messages WHERE session_id = $1 ORDER BY seq DESC LIMIT $2"
+    WINDOW = (
+        f"SELECT {COLUMN_LIST} FROM messages WHERE tenant = $1 AND session_id = $2 ORDER BY seq DESC LIMIT $3"
+    )
 
     def __init__(self, connection: Any) -> None:
         self.connection = connection
@@ -223,6 +231,7 @@ class RawPostgres:
     ) -> list[tuple[Any, ...]]:
         return [
             (
+                TENANT,
                 uuid7(),
                 now,
                 now,
@@ -246,7 +255,7 @@ class RawPostgres:
         count = len(messages)
         now = datetime.now(UTC)
         async with connection.transaction():
-            agent_id, end = await connection.fetchrow(self.ALLOCATE, count, now, session_id)
+            agent_id, end = await connection.fetchrow(self.ALLOCATE, count, now, TENANT, session_id)
             records = self._records(messages, session_id, agent_id, end - count, now)
             await connection.copy_records_to_table("messages", records=records, columns=WRITTEN)
 
@@ -254,12 +263,12 @@ class RawPostgres:
         connection = self.connection
         now = datetime.now(UTC)
         async with connection.transaction():
-            agent_id, end = await connection.fetchrow(self.ALLOCATE, 1, now, session_id)
+            agent_id, end = await connection.fetchrow(self.ALLOCATE, 1, now, TENANT, session_id)
             (record,) = self._records((message,), session_id, agent_id, end - 1, now)
             await connection.execute(self.INSERT, *record)
 
     async def window(self, session_id: uuid.UUID, limit: int) -> list[dict[str, Any]]:
-        rows = await self.connection.fetch(self.WINDOW, session_id, limit)
+        rows = await self.connection.fetch(self.WINDOW, TENANT, session_id, limit)
         decoded = []
         for row in reversed(rows):
             values = dict(row)

@@ -332,6 +332,11 @@ def _loaded(table: str) -> tuple[str, ...]:
     return COLUMNS[table] + (("search_words",) if table in WORDS_FROM else ())
 
 
+def _cell(row: Mapping[str, Any], column: str) -> Any:
+    """The row's value of `column`; rows made here have no tenant: memorm's default one."""
+    return row.get(column, "default") if column == "tenant" else row[column]
+
+
 def _words(table: str, row: Mapping[str, Any], encode: Callable[[str], Any]) -> tuple[Any, ...]:
     return (encode(row[WORDS_FROM[table]]),) if table in WORDS_FROM else ()
 
@@ -369,7 +374,7 @@ class RawSQLite:
         columns = _loaded(table)
         target = f"stage_{table}" if stage else table
         records = [
-            tuple(_sqlite_value(c, row[c]) for c in COLUMNS[table]) + _words(table, row, sqlite_words)
+            tuple(_sqlite_value(c, _cell(row, c)) for c in COLUMNS[table]) + _words(table, row, sqlite_words)
             for row in rows
         ]
         insert = f"INSERT INTO {target} ({', '.join(columns)}) VALUES ({_marks(len(columns))})"
@@ -523,7 +528,7 @@ class RawPostgres:
     async def load(self, table: str, rows: Sequence[Mapping[str, Any]], *, stage: bool = False) -> None:
         columns = _loaded(table)
         records = [
-            tuple(_pg_value(c, row[c]) for c in COLUMNS[table]) + _words(table, row, postgres_words)
+            tuple(_pg_value(c, _cell(row, c)) for c in COLUMNS[table]) + _words(table, row, postgres_words)
             for row in rows
         ]
         await self.connection.copy_records_to_table(

@@ -2,14 +2,21 @@
 
 One ``Database`` for the whole process (opened and migrated at start-up,
 disposed at shutdown), one unit of work per request (read-only for GETs), and
-memorm's errors mapped to HTTP statuses.  Run it with::
+memorm's errors mapped to HTTP statuses.  Each request acts for the tenant its
+``X-Tenant`` header names (``"default"`` without one), through
+``db.for_tenant``: tenants may use the same agent names, and an id of another
+tenant's row is a 404 like any unknown id.  A header that is no tenant name
+(empty, or longer than 128 characters) is a 422.  In a real server the
+tenant comes from the caller's authentication, not from a header it chooses.
+Run it with::
 
     pip install memorm fastapi uvicorn
     MEMORM_DATABASE_URL=postgresql://user@localhost/agents uvicorn examples.fastapi_server:app
 
 (without ``MEMORM_DATABASE_URL`` it uses ``./memorm.db``), then::
 
-    curl -X POST localhost:8000/agents -H 'content-type: application/json' -d '{"name": "sam"}'
+    curl -X POST localhost:8000/agents -H 'content-type: application/json' -H 'X-Tenant: acme' \
+        -d '{"name": "sam"}'
 
 The unit-of-work dependency uses ``scope="function"`` (FastAPI 0.121+): the
 unit of work commits before the response is sent, so a failed commit is the
@@ -23,7 +30,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
@@ -50,9 +57,21 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 app = FastAPI(title="memorm example server", lifespan=lifespan)
 
 
-async def unit_of_work(request: Request) -> AsyncIterator[UnitOfWork]:
-    """One unit of work per request: commits if the handler returns, rolls back if it raises."""
+def tenant_db(request: Request, x_tenant: Annotated[str, Header()] = "default") -> Database:
+    """The database as the request's tenant (the ``X-Tenant`` header) sees it.
+
+    ``for_tenant`` checks the name (memorm's ``ValidationError``: a 422) and
+    costs nothing: the view shares the process's pools.
+    """
     db: Database = request.app.state.db
+    return db.for_tenant(x_tenant)
+
+
+TenantDb = Annotated[Database, Depends(tenant_db)]
+
+
+async def unit_of_work(request: Request, db: TenantDb) -> AsyncIterator[UnitOfWork]:
+    """One unit of work per request, in its tenant: commits if the handler returns, else rolls back."""
     async with db.unit_of_work(read_only=request.method in ("GET", "HEAD")) as uow:
         yield uow
 

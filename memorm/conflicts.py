@@ -76,7 +76,19 @@ def _by_name() -> dict[str, Key]:
 
 
 def unique_key_of(error: BaseException) -> Key | None:
-    """The unique constraint a driver's error says was broken, if it says so."""
+    """The unique constraint a driver's error says was broken, if it says so.
+
+    Its columns leave out `tenant`, which every key has: a conflict is always
+    within the unit of work's tenant.
+    """
+    found = _named_key(error)
+    if found is None:
+        return None
+    table, columns = found
+    return table, tuple(column for column in columns if column != "tenant")
+
+
+def _named_key(error: BaseException) -> Key | None:
     seen: BaseException | None = error
     for _ in range(4):  # memorm's error <- SQLAlchemy's <- the DB-API adapter's <- the driver's
         if seen is None:
@@ -96,7 +108,8 @@ def conflict_message(key: Key | None, values: Mapping[str, Any] | None = None) -
     """The sentence for a taken `key`; it names the `values` when they are given."""
     if key is None:
         return "a unique value is already taken"
-    table, columns = key
+    table, columns = key[0], tuple(column for column in key[1] if column != "tenant")
+    key = (table, columns)
     if columns == ("id",):
         noun = _NOUNS.get(table, f"a row of {table}")
         return f"{noun} with id {values['id']} exists" if values else f"{noun} with this id exists"

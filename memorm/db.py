@@ -16,10 +16,12 @@ and SQLite writers of every loop queue on one `CrossLoopLock`.
 
 from __future__ import annotations
 
+import copy
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import URL, ExceptionContext
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -30,14 +32,16 @@ from memorm.concurrency import CrossLoopLock, protect
 from memorm.config import resolve_url
 from memorm.driver import interrupt
 from memorm.engines import Engines
-from memorm.errors import DatabaseError, MemormError, SchemaError
+from memorm.errors import DatabaseError, MemormError, SchemaError, ValidationError
 from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS
 from memorm.search.fts_ddl import FTS_INDEXES
 from memorm.search.text import merge_deleted
 from memorm.search.vector import VectorCache
+from memorm.tenancy import DEFAULT_TENANT, check_tenant
 from memorm.tokens import TokenCounter, estimate_tokens
 from memorm.translate import MANAGED, READ_ONLY, translate, translating
 from memorm.types.json import dumps, loads
+from memorm.validation import check_flag
 
 if TYPE_CHECKING:
     from memorm.uow import UnitOfWork
@@ -81,11 +85,12 @@ class Database:
         # the mappers must be configured first, or attribute access fails.
         configure_mappers()
         self._engine_options = dict(engine_options)
+        self.tenant = DEFAULT_TENANT  # the tenant of this view's units of work (`for_tenant`)
+        self._state = _Shared()
         self._dialect = self.url.get_backend_name()
         in_memory = self._dialect == "sqlite" and self.url.database in (None, "", ":memory:")
         # One engine (pool) per event loop that uses this database (memorm.engines).
         self.engines = Engines(self._make_engine, single_loop=in_memory)
-        self._schema_ok = False
         self._schema_lock = CrossLoopLock()
         # SQLite has one write lock per file.  Writers of this process queue for it
         # here, first come first served, whatever loop or thread they run on; left
@@ -133,7 +138,38 @@ class Database:
         return self._dialect
 
     def __repr__(self) -> str:
-        return f"Database({self.url.render_as_string(hide_password=True)!r})"
+        url = self.url.render_as_string(hide_password=True)
+        return (
+            f"Database({url!r})"
+            if self.tenant == DEFAULT_TENANT
+            else f"Database({url!r}, tenant={self.tenant!r})"
+        )
+
+    @property
+    def _schema_ok(self) -> bool:
+        return self._state.schema_ok
+
+    @_schema_ok.setter
+    def _schema_ok(self, value: bool) -> None:
+        self._state.schema_ok = value
+
+    def for_tenant(self, tenant: str) -> Database:
+        """A view of this database whose units of work are scoped to `tenant`.
+
+        It shares the engines, pools, caches and locks: making one per request
+        costs nothing.  Adapters take it as their `db`.  `dispose()` on a view
+        closes the shared pools.
+
+        Example:
+            ```python
+            acme = db.for_tenant("acme")
+            async with acme.unit_of_work() as uow:  # sees and writes acme's rows only
+                agent = await uow.agents.create("sam")
+            ```
+        """
+        view = copy.copy(self)
+        view.tenant = check_tenant(tenant)
+        return view
 
     async def __aenter__(self) -> Database:
         return self
@@ -153,9 +189,11 @@ class Database:
         gets its own pool); a clone is for separate pool settings, or a
         separate vector cache and SQLite writer queue.
         """
-        return Database(
+        clone = Database(
             self.url, token_counter=self.token_counter, **{**self._engine_options, **engine_options}
         )
+        clone.tenant = self.tenant
+        return clone
 
     async def dispose(self) -> None:
         """Close every pooled connection, of every event loop's engine.
@@ -168,17 +206,47 @@ class Database:
         """Close the pooled connections of the running event loop's engine only."""
         await self.engines.dispose_current()
 
-    def unit_of_work(self, *, read_only: bool = False) -> UnitOfWork:
+    def unit_of_work(
+        self, tenant: str | None = None, *, read_only: bool = False, all_tenants: bool = False
+    ) -> UnitOfWork:
         """A new [`UnitOfWork`][memorm.uow.UnitOfWork] (use it with `async with`).
 
-        `read_only=True` promises the unit of work only reads (writes raise
-        `ValidationError`): it runs without a transaction, each statement
-        seeing the latest commit, and on SQLite beside a writer instead of
-        queueing for the write lock.
+        Args:
+            tenant: the tenant whose rows alone the unit of work reads and
+                writes; None is this database's (`"default"`, or the
+                tenant of a [`for_tenant`][memorm.db.Database.for_tenant] view).
+            read_only: a promise that it only reads (writes raise
+                `ValidationError`): each statement sees the latest commit,
+                and on SQLite it runs beside a writer instead of queueing
+                for the write lock.
+            all_tenants: maintenance across every tenant (`purge_expired`,
+                `forget`, and memorm's exports and copies); other operations
+                raise `ValidationError`.  On Postgres the role must bypass
+                row-level security (a superuser or `BYPASSRLS`), else the
+                unit of work raises `ValidationError` as it opens.
         """
         from memorm.uow import UnitOfWork
 
-        return UnitOfWork(self, read_only=read_only)
+        if check_flag(all_tenants, "all_tenants"):
+            if tenant is not None:
+                raise ValidationError("give a tenant or all_tenants=True, not both")
+            return UnitOfWork(self, tenant=None, read_only=read_only)
+        owner = self.tenant if tenant is None else check_tenant(tenant)
+        return UnitOfWork(self, tenant=owner, read_only=read_only)
+
+    async def delete_tenant(
+        self, tenant: str, *, batch: int = 5_000, dry_run: bool = False
+    ) -> dict[str, int]:
+        """Delete every row of `tenant`, in batches; returns the rows deleted per table.
+
+        Each batch of `batch` rows is its own transaction, so no lock is
+        held for long.  Full-text entries and cached vectors go too; with
+        `dry_run`, returns the rows there are and deletes nothing.  See
+        [`memorm.tenants.delete_tenant`][memorm.tenants.delete_tenant].
+        """
+        from memorm.tenants import delete_tenant
+
+        return await delete_tenant(self, tenant, batch=batch, dry_run=dry_run)
 
     async def scrub(self, *, reindex: bool = False) -> None:
         """Clear what the database files still hold of deleted rows (after purges or `forget`).
@@ -256,27 +324,66 @@ class Database:
 
         Runs once per `Database`; units of work call it before their first statement.
         """
-        if self._schema_ok:
+        if self._schema_ok and self._state.role_known:
             return
         async with self._schema_lock:
-            if self._schema_ok:
-                return
-            from memorm.migrate import head_revision
+            if not self._schema_ok:
+                await self._check_revision()
+                self._schema_ok = True
+            if not self._state.role_known:
+                if self.dialect == "postgresql":
+                    self._state.bypasses_rls = await self._bypasses_rls()
+                self._state.role_known = True
 
-            try:
-                current = await self.current_revision()
-            except MemormError:
-                raise
-            except Exception as error:
-                raise (translate(error) or DatabaseError(str(error))) from error
-            head = head_revision()
-            if current != head:
-                where = "has no memorm schema" if current is None else f"is at {current}"
-                raise SchemaError(
-                    f"the database {where}, but this memorm needs revision {head}: "
-                    "run `memorm db upgrade` (or `await db.upgrade()`)"
-                )
-            self._schema_ok = True
+    async def _check_revision(self) -> None:
+        from memorm.migrate import head_revision
+
+        try:
+            current = await self.current_revision()
+        except MemormError:
+            raise
+        except Exception as error:
+            raise (translate(error) or DatabaseError(str(error))) from error
+        head = head_revision()
+        if current != head:
+            where = "has no memorm schema" if current is None else f"is at {current}"
+            raise SchemaError(
+                f"the database {where}, but this memorm needs revision {head}: "
+                "run `memorm db upgrade` (or `await db.upgrade()`)"
+            )
+
+    async def _bypasses_rls(self) -> bool:
+        """Whether this database's role is exempt from row-level security (superuser or BYPASSRLS)."""
+        with translating():
+            async with self.engine.connect() as connection:
+                found = await connection.scalar(_BYPASSES_RLS)
+                await connection.rollback()
+        return bool(found)
+
+    @property
+    def bypasses_rls(self) -> bool:
+        """Whether the role connecting is exempt from row-level security (Postgres).
+
+        Known once a unit of work has run (before, False).
+
+        Such a role (a superuser, or one with `BYPASSRLS`) sees every
+        tenant's rows in raw SQL: use it for migrations and maintenance,
+        and an application role (`memorm db create-role`) for the server.
+        False on SQLite, which has no row-level security.
+        """
+        return self._state.bypasses_rls
+
+
+_BYPASSES_RLS = sa.text("SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user")
+
+
+class _Shared:
+    """What a `Database` and its tenant views share."""
+
+    def __init__(self) -> None:
+        self.schema_ok = False
+        self.bypasses_rls = False  # Postgres: whether the role is exempt from row-level security
+        self.role_known = False  # whether bypasses_rls was looked up
 
 
 _CHECKPOINT_TRIES = 40

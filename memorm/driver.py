@@ -7,7 +7,8 @@ and the ORM's `add_all` about 5x, so batches skip both:
 * Postgres: `COPY … FROM STDIN (FORMAT binary)` through asyncpg's
   `copy_records_to_table`, several times faster than multi-row INSERTs,
   for batches of `COPY_THRESHOLD` rows or more; smaller ones use a
-  prepared INSERT (asyncpg's `executemany`).
+  prepared INSERT (asyncpg's `executemany`), and so does a role under
+  row-level security, for which Postgres refuses `COPY FROM`.
 
 **Fetches on SQLite** (`fetch`).  SQLAlchemy's aiosqlite adapter makes
 up to four thread hops per statement (cursor, execute, fetchall, close);
@@ -32,6 +33,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from memorm.tenancy import TENANT
 from memorm.translate import check_writable, guarded
 
 __all__ = ["COPY_THRESHOLD", "fetch", "in_transaction", "insert_rows", "interrupt"]
@@ -54,7 +56,10 @@ async def insert_rows(
         dialect = connection.dialect
         records = _convert(_processors(dialect, table, names), rows, sources)
         driver: Any = (await connection.get_raw_connection()).driver_connection
-        if dialect.name == "postgresql" and len(records) >= COPY_THRESHOLD:
+        # A unit of work that sets its tenant runs under row-level security, and
+        # Postgres refuses COPY FROM to a table with row-level security.
+        copy = dialect.name == "postgresql" and TENANT not in session.info
+        if copy and len(records) >= COPY_THRESHOLD:
             await driver.copy_records_to_table(table.name, records=records, columns=names)
         else:
             await driver.executemany(_insert_sql(dialect, table, names), records)

@@ -17,10 +17,12 @@ from datetime import datetime
 from typing import Any, Literal, TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import instrumentation, registry
 from sqlmodel import Field, SQLModel
 
 from memorm.ids import uuid7
+from memorm.tenancy import DEFAULT_TENANT, TENANT_SETTING
 from memorm.types import JSONType, SearchWords, UTCDateTime, UUIDType, VectorType, utcnow
 
 __all__ = [
@@ -66,20 +68,67 @@ class MemormModel(SQLModel, registry=registry(metadata=metadata)):
     """Base of memorm's tables; subclass it to add tables to memorm's metadata."""
 
 
-class _Row(MemormModel):
-    """Columns every table has: a UUIDv7 id, UTC timestamps and a JSON `meta` dict."""
+class CurrentTenant(sa.sql.functions.FunctionElement[str]):
+    """The `tenant` column's server default: on Postgres the unit of work's tenant.
 
+    That is the transaction-local setting `memorm.tenant` which row-level
+    security checks too, so a raw `INSERT` through `uow.session` lands in the
+    unit of work's tenant, and one with no tenant set fails (NOT NULL).  On
+    SQLite, where nothing sets it, the default tenant.
+    """
+
+    type = sa.Text()
+    name = "memorm_current_tenant"
+    inherit_cache = True
+
+
+@compiles(CurrentTenant, "postgresql")
+def _current_tenant_postgres(element: CurrentTenant, compiler: Any, **kw: Any) -> str:
+    return f"current_setting('{TENANT_SETTING}', true)"
+
+
+@compiles(CurrentTenant)
+def _current_tenant(element: CurrentTenant, compiler: Any, **kw: Any) -> str:
+    return f"'{DEFAULT_TENANT}'"
+
+
+class _Row(MemormModel):
+    """Columns every table has: its tenant, a UUIDv7 id, UTC timestamps and a JSON `meta` dict.
+
+    The primary key is `(tenant, id)`: an id another tenant holds never
+    conflicts, so creating a row never tells whether it exists elsewhere.
+    """
+
+    # The owner of the row, set by memorm from the unit of work (docs/tenancy.md).
+    tenant: str = Field(
+        default=DEFAULT_TENANT,
+        primary_key=True,
+        sa_type=sa.Text,
+        # No client-side default: a raw INSERT that names no tenant gets the server's.
+        sa_column_kwargs={"server_default": CurrentTenant(), "default": None},
+    )
     id: uuid.UUID = Field(default_factory=uuid7, primary_key=True, sa_type=UUIDType)
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime, nullable=False)
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime, nullable=False)
     meta: dict[str, Any] = Field(default_factory=dict, sa_type=JSONType, nullable=False)
 
 
+def _agent_key(table: str) -> sa.ForeignKeyConstraint:
+    """`(tenant, agent_id)` -> the agent, in the same tenant; deleting the agent deletes the row."""
+    return sa.ForeignKeyConstraint(
+        ["tenant", "agent_id"],
+        ["agents.tenant", "agents.id"],
+        name=f"fk_{table}_agent_id_agents",
+        ondelete="CASCADE",
+    )
+
+
 # An agent: its identity, system prompt and core memory (label -> text).
 class Agent(_Row, table=True):
     __tablename__ = "agents"
+    __table_args__ = (sa.UniqueConstraint("tenant", "name"),)  # names are unique per tenant
 
-    name: str = Field(sa_type=sa.Text, nullable=False, unique=True)
+    name: str = Field(sa_type=sa.Text, nullable=False)
     system: str = Field(default="", sa_type=sa.Text, nullable=False)
     core_memory: dict[str, str] = Field(default_factory=dict, sa_type=JSONType, nullable=False)
     llm_config: dict[str, Any] = Field(default_factory=dict, sa_type=JSONType, nullable=False)
@@ -94,18 +143,15 @@ class Agent(_Row, table=True):
 class Session(_Row, table=True):
     __tablename__ = "sessions"
     __table_args__ = (
-        sa.Index(None, "agent_id", "created_at"),
+        _agent_key("sessions"),
+        sa.Index(None, "tenant", "agent_id", "created_at"),
         # An external key (a framework's session id), unique per agent when given.
-        sa.Index(None, "agent_id", "key", unique=True),
+        sa.Index(None, "tenant", "agent_id", "key", unique=True),
         # purge_expired scans by expiry; sessions that never expire (NULL) are not in range.
         sa.Index(None, "expires_at"),
     )
 
-    agent_id: uuid.UUID = Field(
-        sa_type=UUIDType,
-        sa_column_args=[sa.ForeignKey("agents.id", ondelete="CASCADE")],
-        nullable=False,
-    )
+    agent_id: uuid.UUID = Field(sa_type=UUIDType, nullable=False)
     title: str | None = Field(default=None, sa_type=sa.Text)
     key: str | None = Field(default=None, sa_type=sa.Text)
     next_seq: int = Field(default=1, nullable=False)
@@ -117,19 +163,20 @@ class Session(_Row, table=True):
 class Message(_Row, table=True):
     __tablename__ = "messages"
     __table_args__ = (
-        sa.UniqueConstraint("session_id", "seq"),
-        sa.Index(None, "agent_id", "created_at"),
+        sa.ForeignKeyConstraint(
+            ["tenant", "session_id"],
+            ["sessions.tenant", "sessions.id"],
+            name="fk_messages_session_id_sessions",
+            ondelete="CASCADE",
+        ),
+        sa.UniqueConstraint("tenant", "session_id", "seq"),
+        sa.Index(None, "tenant", "agent_id", "created_at"),
         sa.CheckConstraint("role IN ('system', 'user', 'assistant', 'tool')", name="role"),
         # OpenAI's assistant messages that only call tools have no content (None).
         sa.CheckConstraint("content IS NOT NULL OR role = 'assistant'", name="content"),
     )
 
-    session_id: uuid.UUID = Field(
-        default=None,
-        sa_type=UUIDType,
-        sa_column_args=[sa.ForeignKey("sessions.id", ondelete="CASCADE")],
-        nullable=False,
-    )
+    session_id: uuid.UUID = Field(default=None, sa_type=UUIDType, nullable=False)
     agent_id: uuid.UUID = Field(default=None, sa_type=UUIDType, nullable=False)
     seq: int = Field(default=None, nullable=False)
     role: Role = Field(sa_type=sa.String(16), nullable=False)
@@ -144,16 +191,13 @@ class Message(_Row, table=True):
 class ArchivalPassage(_Row, table=True):
     __tablename__ = "archival_passages"
     __table_args__ = (
-        sa.Index(None, "agent_id", "embedding_model", "created_at"),
+        _agent_key("archival_passages"),
+        sa.Index(None, "tenant", "agent_id", "embedding_model", "created_at"),
         # Exactly one of the two embedding columns holds the vector.
         sa.CheckConstraint("(embedding IS NULL) <> (embedding_half IS NULL)", name="one_embedding"),
     )
 
-    agent_id: uuid.UUID = Field(
-        sa_type=UUIDType,
-        sa_column_args=[sa.ForeignKey("agents.id", ondelete="CASCADE")],
-        nullable=False,
-    )
+    agent_id: uuid.UUID = Field(sa_type=UUIDType, nullable=False)
     text: str = Field(sa_type=sa.Text, nullable=False)
     # Full precision; None when the model stores half precision (``embedding_half``).
     embedding: list[float] | None = Field(default=None, sa_type=VectorType)
@@ -172,15 +216,12 @@ class ArchivalPassage(_Row, table=True):
 class EmbeddingModel(_Row, table=True):
     __tablename__ = "embedding_models"
     __table_args__ = (
-        sa.UniqueConstraint("agent_id", "name"),
+        _agent_key("embedding_models"),
+        sa.UniqueConstraint("tenant", "agent_id", "name"),
         sa.CheckConstraint("precision IN ('float32', 'float16')", name="precision"),
     )
 
-    agent_id: uuid.UUID = Field(
-        sa_type=UUIDType,
-        sa_column_args=[sa.ForeignKey("agents.id", ondelete="CASCADE")],
-        nullable=False,
-    )
+    agent_id: uuid.UUID = Field(sa_type=UUIDType, nullable=False)
     name: str = Field(sa_type=sa.Text, nullable=False)
     dim: int = Field(nullable=False)
     precision: str = Field(default="float32", sa_type=sa.String(8), nullable=False)
@@ -236,4 +277,5 @@ def hydrate(model: type[M], values: dict[str, Any]) -> M:
 
 
 # The full-text indexes' DDL joins the metadata's create_all (it needs the tables above).
+from memorm import rls as _rls  # noqa: E402, F401  (row-level security, Postgres)
 from memorm.search import fts_ddl as _fts_ddl  # noqa: E402, F401

@@ -17,6 +17,15 @@ removed = await forget(db, {"user_id": "u42"})            # then scrubs the file
 
 Each returns [`Removed`][memorm.retention.Removed], the counts of deleted rows; `dry_run=True`
 counts what would go and deletes nothing.  See `docs/retention.md`.
+
+Each runs in `db`'s tenant (`"default"`, or the tenant of a
+[`for_tenant`][memorm.db.Database.for_tenant] view), or with `all_tenants=True` in every tenant
+(maintenance; on Postgres the role must bypass row-level security):
+
+```python
+removed = await purge_expired(db.for_tenant("acme"))     # acme's expired sessions
+removed = await purge_expired(db, all_tenants=True)      # every tenant's
+```
 """
 
 from __future__ import annotations
@@ -25,15 +34,21 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime
+from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
+import sqlalchemy as sa
+
 from memorm.errors import NotFoundError, ValidationError
+from memorm.models import AGENTS
 from memorm.progress import Reporter, Silent
+from memorm.translate import translating
 from memorm.types import utcnow
-from memorm.validation import check_aware, check_flag
+from memorm.validation import check_aware, check_flag, check_text
 
 if TYPE_CHECKING:
     from memorm.db import Database
+    from memorm.uow import UnitOfWork
 
 __all__ = ["DEFAULT_BATCH", "Removed", "forget", "purge_expired", "purge_older_than"]
 
@@ -90,6 +105,13 @@ def check_batch(batch: object) -> int:
     return batch
 
 
+def _unit_of_work(db: Database, all_tenants: bool, *, read_only: bool = False) -> UnitOfWork:
+    """A unit of work in `db`'s tenant, or across every tenant."""
+    if all_tenants:
+        return db.unit_of_work(read_only=read_only, all_tenants=True)
+    return db.unit_of_work(read_only=read_only)
+
+
 async def purge_expired(
     db: Database,
     *,
@@ -97,22 +119,26 @@ async def purge_expired(
     batch: int = DEFAULT_BATCH,
     dry_run: bool = False,
     reporter: Reporter | None = None,
+    all_tenants: bool = False,
 ) -> Removed:
     """Delete every session whose `expires_at` is at or before `now`, with its messages.
 
     One unit of work per `batch` sessions.  Sessions a concurrent unit of
     work holds locked (Postgres) are skipped and left for the next purge.
+    The sessions of `db`'s tenant; with `all_tenants=True`, of every tenant
+    (on Postgres the role must bypass row-level security, else `ValidationError`).
     """
     instant = utcnow() if now is None else check_aware(now, "now")
     size = check_batch(batch)
     check_flag(dry_run, "dry_run")
-    async with db.unit_of_work(read_only=True) as uow:
+    every = check_flag(all_tenants, "all_tenants")
+    async with _unit_of_work(db, every, read_only=True) as uow:
         expected = await uow.sessions.purge_expired(now=instant, dry_run=True)
     if dry_run:
         return expected
     tally = _Tally(reporter, expected, ("sessions", "messages"))
     while True:
-        async with db.unit_of_work() as uow:
+        async with _unit_of_work(db, every) as uow:
             removed = await uow.sessions._purge_batch(instant, size)
         tally.add(removed)  # reported once committed
         if removed.sessions == 0:
@@ -128,6 +154,7 @@ async def purge_older_than(
     dry_run: bool = False,
     reporter: Reporter | None = None,
     after_expired: datetime | None = None,
+    all_tenants: bool = False,
 ) -> Removed:
     """Delete messages and archival passages created before `cutoff`.
 
@@ -136,33 +163,43 @@ async def purge_older_than(
     `batch` rows.  `after_expired`: the `now` of a [`purge_expired`][memorm.retention.purge_expired]
     run just before, whose dry run already counted the messages of sessions
     expired then; this dry run leaves them out, so the two add up.
+
+    The agents of `db`'s tenant; with `all_tenants=True`, of every tenant
+    (on Postgres the role must bypass row-level security, else
+    `ValidationError`), and then `agent` names the agent of that name (or
+    id) in every tenant that has one.  The agents are listed across
+    tenants; each agent's deletions run in units of work of its own tenant.
     """
     instant = check_aware(cutoff, "cutoff")
     size = check_batch(batch)
     expired_at = None if after_expired is None else check_aware(after_expired, "after_expired")
     check_flag(dry_run, "dry_run")
-    owners = await _agents(db, agent)
+    if check_flag(all_tenants, "all_tenants"):
+        owners = await _agents_of_every_tenant(db, agent)
+    else:
+        owners = [(db.tenant, key) for key in await _agents(db, agent)]
     expected = Removed()
-    async with db.unit_of_work(read_only=True) as uow:
-        for owner in owners:
-            messages = await uow.messages._count_old(owner, instant, None, expired_at)
-            passages = await uow.passages.delete_before(owner, instant, dry_run=True)
-            expected += Removed(messages=messages, passages=passages)
+    for tenant, agents in groupby(owners, key=lambda owner: owner[0]):
+        async with db.unit_of_work(tenant, read_only=True) as uow:
+            for _, key in agents:
+                messages = await uow.messages._count_old(key, instant, None, expired_at)
+                passages = await uow.passages.delete_before(key, instant, dry_run=True)
+                expected += Removed(messages=messages, passages=passages)
     if dry_run:
         return expected
     tally = _Tally(reporter, expected, ("messages", "passages"))
-    for owner in owners:
-        async with db.unit_of_work() as uow:
-            count = await uow.messages._delete_answers(owner, instant, None)
+    for tenant, key in owners:
+        async with db.unit_of_work(tenant) as uow:
+            count = await uow.messages._delete_answers(key, instant, None)
         tally.add(Removed(messages=count))
         while True:
-            async with db.unit_of_work() as uow:
-                count = await uow.messages._delete_old_batch(owner, instant, None, size)
+            async with db.unit_of_work(tenant) as uow:
+                count = await uow.messages._delete_old_batch(key, instant, None, size)
             if not tally.add(Removed(messages=count)).messages:
                 break
         while True:
-            async with db.unit_of_work() as uow:
-                count = await uow.passages._delete_old_batch(owner, instant, size)
+            async with db.unit_of_work(tenant) as uow:
+                count = await uow.passages._delete_old_batch(key, instant, size)
             if tally.add(Removed(passages=count)).passages < size:
                 break
     return tally.total
@@ -176,22 +213,26 @@ async def forget(
     scrub: bool = True,
     reindex: bool = False,
     reporter: Reporter | None = None,
+    all_tenants: bool = False,
 ) -> Removed:
     """Erase every agent, session, message and passage whose `meta` matches `where`.
 
     The deletion is one unit of work (a person is forgotten entirely or not at
     all); then, unless `scrub=False`, [`Database.scrub`][memorm.db.Database.scrub] clears what the
     files still hold of the deleted rows (`reindex=True`: the words in
-    Postgres' full-text index too).
+    Postgres' full-text index too).  The rows of `db`'s tenant; with
+    `all_tenants=True`, of every tenant (on Postgres the role must bypass
+    row-level security, else `ValidationError`).
     """
     for flag, field in ((dry_run, "dry_run"), (scrub, "scrub"), (reindex, "reindex")):
         check_flag(flag, field)
-    async with db.unit_of_work(read_only=True) as uow:
+    every = check_flag(all_tenants, "all_tenants")
+    async with _unit_of_work(db, every, read_only=True) as uow:
         expected = await uow.agents.forget(where, dry_run=True)
     if dry_run:
         return expected
     tally = _Tally(reporter, expected, ("agents", "sessions", "messages", "passages"))
-    async with db.unit_of_work() as uow:
+    async with _unit_of_work(db, every) as uow:
         removed = await uow.agents.forget(where)
     tally.add(removed)
     if scrub and removed.total:
@@ -215,3 +256,23 @@ async def _agents(db: Database, agent: str | uuid.UUID | None) -> list[uuid.UUID
             owners += [found.id for found in page.items]
             if len(page.items) < _AGENT_PAGE:
                 return owners
+
+
+async def _agents_of_every_tenant(db: Database, agent: str | uuid.UUID | None) -> list[tuple[str, uuid.UUID]]:
+    """The `(tenant, id)` of the named agent in every tenant (by name or id), or of every agent.
+
+    In tenant order, so that the agents of one tenant come together.
+    """
+    query = sa.select(AGENTS.c.tenant, AGENTS.c.id).order_by(AGENTS.c.tenant, AGENTS.c.id)
+    if isinstance(agent, uuid.UUID):
+        query = query.where(AGENTS.c.id == agent)
+    elif agent is not None:
+        query = query.where(AGENTS.c.name == check_text(agent, "agent"))
+    async with db.unit_of_work(read_only=True, all_tenants=True) as uow:
+        with translating():
+            owners = [(tenant, key) for tenant, key in await uow.session.execute(query)]
+    if not owners and isinstance(agent, uuid.UUID):
+        raise NotFoundError(f"no agent {agent}")
+    if not owners and agent is not None:
+        raise NotFoundError(f"no agent named {agent!r}")
+    return owners

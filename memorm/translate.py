@@ -48,6 +48,7 @@ _PG_CODES: dict[str, tuple[type[MemormError], str]] = {
     "22021": (ValidationError, "text is not valid in the database encoding"),
     "40001": (ConflictError, "a concurrent transaction conflicted; retry the unit of work"),
     "40P01": (ConflictError, "deadlock detected; retry the unit of work"),
+    "42501": (DatabaseError, "the database role lacks a privilege (indexes and VACUUM need the owner)"),
     "57014": (DatabaseError, "the statement was cancelled (statement timeout)"),
     "55P03": (DatabaseError, "a lock could not be acquired in time (lock timeout)"),
     "42P01": (SchemaError, f"a table is missing: {UPGRADE_HINT}"),

@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from memorm.concurrency import CrossLoopLock, protect
 from memorm.driver import in_transaction, interrupt
-from memorm.errors import DatabaseError, MemormError
+from memorm.errors import DatabaseError, MemormError, ValidationError
 from memorm.repositories import (
     AgentRepository,
     MessageRepository,
@@ -39,6 +39,7 @@ from memorm.repositories import (
     SessionRepository,
 )
 from memorm.search.vector import ARCHIVE_WRITES
+from memorm.tenancy import DEFAULT_TENANT, READ_ONLY_BEGIN, TENANT, TenantSession
 from memorm.translate import FAILED, INTERRUPTED, MANAGED, READ_ONLY, failure, translating
 
 if TYPE_CHECKING:
@@ -66,8 +67,9 @@ class UnitOfWork:
     passages: PassageRepository
     session: AsyncSession
 
-    def __init__(self, db: Database, *, read_only: bool = False) -> None:
+    def __init__(self, db: Database, *, tenant: str | None = DEFAULT_TENANT, read_only: bool = False) -> None:
         self.db = db
+        self.tenant = tenant  # None: all tenants (maintenance)
         self.read_only = read_only
         self._open = False
         self._writer: CrossLoopLock | None = None
@@ -75,6 +77,7 @@ class UnitOfWork:
         self._driver: Any = None
         self._session: AsyncSession | None = None  # the open unit of work's session
         self._interrupted = False
+        self._sets_tenant = False
 
     async def __aenter__(self) -> UnitOfWork:
         if self._open:
@@ -105,7 +108,7 @@ class UnitOfWork:
             await protect(self._finish())
             return
         try:
-            if not self.read_only:  # a read-only unit of work has no transaction to end
+            if not self.read_only or self._sets_tenant:  # else no transaction to end
                 # An anyio cancellation waits until the COMMIT is through, so a caller
                 # leaving a cancelled scope knows this unit of work committed.  asyncio's
                 # own cancellation cannot be held off this cheaply: a COMMIT it cuts
@@ -131,13 +134,24 @@ class UnitOfWork:
         """Check out a connection and set up the repositories (the first statement begins)."""
         state = self.db.engines.current()
         options: dict[str, Any] = {MANAGED: True}
+        # On Postgres, under row-level security, every transaction first sets the
+        # tenant it may see (transaction-local: it ends with the transaction).
+        self._sets_tenant = self.db.dialect == "postgresql" and not self.db.bypasses_rls
+        if self.tenant is None and self.db.dialect == "postgresql" and not self.db.bypasses_rls:
+            raise ValidationError(
+                "all_tenants=True needs a role that bypasses row-level security (a superuser or one "
+                "with BYPASSRLS); this role sees one tenant at a time: connect as the maintenance role"
+            )
         if self.read_only:
             # Read-only units of work run each statement on its own: no BEGIN/COMMIT
             # round trips, and on SQLite beside the writer.  Postgres' READ COMMITTED
-            # gives every statement a fresh snapshot inside a transaction too.
+            # gives every statement a fresh snapshot inside a transaction too; but
+            # the tenant setting needs a transaction to live in.
             options[READ_ONLY] = True
-            if self.db.dialect == "postgresql":
-                options["isolation_level"] = "AUTOCOMMIT"
+        if self.db.dialect == "postgresql" and (self.read_only or self._sets_tenant):
+            # A tenant's transaction is begun (and ended) by the unit of work itself,
+            # BEGIN and the tenant's setting in one round trip (memorm.tenancy).
+            options["isolation_level"] = "AUTOCOMMIT"
         engine = state.with_options(self.read_only, options)
         with translating():
             if state.checkout_may_connect():
@@ -148,14 +162,22 @@ class UnitOfWork:
         assert connection is not None
         self._driver = connection.sync_connection.connection.driver_connection  # type: ignore[union-attr]
         self.session = AsyncSession(
-            bind=connection, join_transaction_mode="control_fully", expire_on_commit=False, autoflush=False
+            bind=connection,
+            join_transaction_mode="control_fully",
+            expire_on_commit=False,
+            autoflush=False,
+            sync_session_class=TenantSession,
         )
         self.session.info[READ_ONLY] = self.read_only
+        if self._sets_tenant and self.tenant is not None:
+            self.session.info[TENANT] = self.tenant
+            self.session.info[READ_ONLY_BEGIN] = self.read_only
         self._session = self.session
-        self.agents = AgentRepository(self.session)
-        self.sessions = SessionRepository(self.session)
-        self.messages = MessageRepository(self.session, token_counter=self.db.token_counter)
-        self.passages = PassageRepository(self.session, cache=self.db.vector_cache)
+        tenant = self.tenant
+        self.agents = AgentRepository(self.session, tenant)
+        self.sessions = SessionRepository(self.session, tenant)
+        self.messages = MessageRepository(self.session, tenant, token_counter=self.db.token_counter)
+        self.passages = PassageRepository(self.session, tenant, cache=self.db.vector_cache)
 
     async def _checkout(self, engine: AsyncEngine) -> None:
         # Kept on self at once: a cancellation raised after a protected check-out
@@ -198,6 +220,8 @@ class UnitOfWork:
             try:
                 if session is not None:
                     await session.close()  # rolls back whatever is left
+                if self._sets_tenant and in_transaction(self._driver):
+                    await self._driver.execute("ROLLBACK")  # the transaction the unit of work began
                 dirty = in_transaction(self._driver)
             except Exception:
                 dirty = True
@@ -223,6 +247,8 @@ class UnitOfWork:
         try:
             with translating():
                 await self.session.commit()
+                if self._sets_tenant and in_transaction(self._driver):
+                    await self._driver.execute("COMMIT")  # the transaction the unit of work began
         except MemormError as error:
             self.session.info[FAILED] = error  # a failed COMMIT leaves nothing to commit later
             raise
@@ -241,3 +267,5 @@ class UnitOfWork:
         self.session.info.pop(ARCHIVE_WRITES, None)
         with translating():
             await self.session.rollback()
+            if self._sets_tenant and in_transaction(self._driver):
+                await self._driver.execute("ROLLBACK")

@@ -18,7 +18,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,9 +91,8 @@ class Store:
         return Database(self.url, **{**self.options, **engine_options})
 
 
-@pytest.fixture(params=ENGINES)
-def engine(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
+def usable_engine(name: str) -> str:
+    """`name`, once usable: without a server, Postgres tests skip (fail under MEMORM_REQUIRE_POSTGRES=1)."""
     if name == "postgres":
         reason = postgres_unavailable()
         if reason is not None:
@@ -101,6 +100,11 @@ def engine(request: pytest.FixtureRequest) -> str:
                 pytest.fail(f"MEMORM_REQUIRE_POSTGRES=1 but {reason}")
             pytest.skip(reason)
     return name
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
+    return usable_engine(request.param)
 
 
 @pytest.fixture
@@ -124,15 +128,88 @@ async def store(engine: str, tmp_path: Path) -> AsyncIterator[Store]:
         await admin.close()
 
 
+# MEMORM_TEST_POSTGRES_ROLE=app: the ``db`` fixture's Postgres database connects as
+# an application role subject to row-level security (memorm db create-role), not
+# as the superuser, which Postgres exempts from it.  .ci/run runs the chat-path
+# test files so too.
+APP_ROLE = os.environ.get("MEMORM_TEST_POSTGRES_ROLE") == "app"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under the application role, leave out the Postgres tests that need the tables' owner."""
+    if not APP_ROLE:
+        return
+    owner = [item for item in items if "owner" in item.keywords and "postgres" in item.keywords]
+    if owner:
+        config.hook.pytest_deselected(items=owner)
+        items[:] = [item for item in items if item not in owner]
+
+
+@asynccontextmanager
+async def app_role(store: Store) -> AsyncIterator[tuple[Database, Database, str]]:
+    """`(owner, app, role)` on a Postgres store: row-level security really runs for `app`.
+
+    `owner` connects as the test superuser (which bypasses row-level security)
+    and migrates the schema; `app` connects as `role`, a new application role
+    made by `memorm.tenants.create_role`.  Afterwards both are disposed, and
+    the schema and the role dropped.
+    """
+    from memorm.tenants import create_role
+
+    owner = store.database()
+    await owner.upgrade()
+    role = f"memorm_app_{uuid.uuid4().hex[:10]}"
+    await create_role(owner, role)
+    app = Database(
+        make_url(POSTGRES_URL).set(username=role).render_as_string(hide_password=False), **store.options
+    )
+    try:
+        yield owner, app, role
+    finally:
+        await app.dispose()
+        await owner.dispose()
+        await _drop_role(store, role)
+
+
+async def _drop_role(store: Store, role: str) -> None:
+    """Drop the store's schema and an application role made for it."""
+    admin = await asyncpg.connect(asyncpg_dsn())
+    try:
+        await admin.execute(f'DROP SCHEMA IF EXISTS "{store.schema}" CASCADE')
+        for attempt in range(5):
+            try:  # the role's grant on the database is a catalog row other test runs may be updating
+                await admin.execute(f'DROP OWNED BY "{role}"; DROP ROLE IF EXISTS "{role}"')
+                break
+            except asyncpg.InternalServerError as error:
+                if "concurrently updated" not in str(error) or attempt == 4:
+                    raise
+                await asyncio.sleep(0.1)
+    finally:
+        await admin.close()
+
+
 @pytest.fixture
 async def db(store: Store) -> AsyncIterator[Database]:
     """A ``Database`` with memorm's schema created, on SQLite and on Postgres."""
     database = store.database()
     await database.create_all()
+    if not (APP_ROLE and store.engine == "postgres"):
+        try:
+            yield database
+        finally:
+            await database.dispose()
+        return
+    from memorm.tenants import create_role
+
+    role = f"memorm_app_{uuid.uuid4().hex[:10]}"
+    await create_role(database, role)
+    await database.dispose()
+    app = Database(make_url(POSTGRES_URL).set(username=role), **store.options)
     try:
-        yield database
+        yield app
     finally:
-        await database.dispose()
+        await app.dispose()
+        await _drop_role(store, role)
 
 
 @pytest.fixture

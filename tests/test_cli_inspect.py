@@ -7,16 +7,15 @@ a throwaway database (a URL cannot carry a search_path).
 
 from __future__ import annotations
 
-import asyncio
 import re
 import shutil
-from collections.abc import Coroutine
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from cli_run import memorm, run
 
 from memorm import Database
 from memorm.cli import main
@@ -25,11 +24,6 @@ from memorm.legacy.memgpt import SESSION_KEY
 
 SAMPLE = Path(__file__).resolve().parent / "data" / "memgpt"
 ROOT = Path(__file__).resolve().parents[1]
-T = TypeVar("T")
-
-
-def run(coroutine: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coroutine)
 
 
 @pytest.fixture
@@ -38,13 +32,6 @@ def url(plain_url: str) -> str:
     if plain_url.startswith("sqlite:///"):
         Path(plain_url.removeprefix("sqlite:///")).touch()
     return plain_url
-
-
-def memorm(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture
@@ -131,8 +118,8 @@ def test_check_on_an_unmigrated_database_says_run_upgrade(
 # -- memorm stats ----------------------------------------------------------------
 
 
-async def _chats(url: str) -> None:
-    async with Database(url) as db, db.unit_of_work() as uow:
+async def _chats(url: str, tenant: str = "default") -> None:
+    async with Database(url) as db, db.unit_of_work(tenant) as uow:
         sam = await uow.agents.create("sam")
         ada = await uow.agents.create("ada")
         short = await uow.sessions.create(sam.id, title="short chat")
@@ -165,6 +152,40 @@ def test_stats_counts_rows_and_ranks_sessions(upgraded: str, capsys: pytest.Capt
     size = re.search(r"size on disk \(.*\): .* \((\d+) bytes\)", out)
     assert size is not None
     assert int(size.group(1)) > 0
+
+
+def test_stats_with_tenant_reports_that_tenant_and_without_it_every_tenant(
+    upgraded: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(_chats(upgraded))
+    run(_chats(upgraded, "acme"))  # the same agents, sessions and messages under other ids
+
+    async def more() -> None:  # and one more session for acme, the largest
+        async with Database(upgraded) as db, db.unit_of_work("acme") as uow:
+            ada = await uow.agents.get_by_name("ada")
+            assert ada is not None
+            chat = await uow.sessions.create(ada.id, title="acme's own")
+            await uow.messages.append(chat.id, [{"role": "user", "content": f"yo {n}"} for n in range(9)])
+
+    run(more())
+    code, out, err = memorm(capsys, "stats", "--tenant", "acme", "--url", upgraded)
+    assert (code, err) == (0, "")
+    assert "tenant 'acme'" in out.splitlines()[1]
+    for table, count in {"agents": 2, "sessions": 5, "messages": 19, "archival_passages": 2}.items():
+        assert _row(out, table, str(count)), out
+    assert "awaiting `memorm purge --expired --tenant acme`: 1" in out
+    assert re.search(r"│ ada\s+│ acme's own\s+│ [0-9a-f-]{36} │\s+9 │", out), out  # no tenant column
+    assert "default" not in out
+
+    code, out, err = memorm(capsys, "stats", "--url", upgraded)
+    assert (code, err) == (0, "")
+    assert out.splitlines()[1] == "every tenant (2)"
+    for table, count in {"agents": 4, "sessions": 9, "messages": 29, "archival_passages": 4}.items():
+        assert _row(out, table, str(count)), out
+    assert "awaiting `memorm purge --expired`: 2" in out
+    assert re.search(r"│ acme\s+│ ada\s+│ acme's own\s+│ [0-9a-f-]{36} │\s+9 │", out), out
+    assert re.search(r"│ default\s+│ ada\s+│ long chat\s+│ [0-9a-f-]{36} │\s+7 │", out), out
+    assert re.search(r"│ acme\s+│ ada\s+│ long chat\s+│ [0-9a-f-]{36} │\s+7 │", out), out
 
 
 def test_stats_on_an_unmigrated_database_says_run_upgrade(

@@ -8,45 +8,17 @@ URL cannot carry a search_path).
 
 from __future__ import annotations
 
-import asyncio
-import io
-from collections.abc import Coroutine
+import re
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
-from rich.console import Console
-from rich.progress import Progress
+from cli_run import drawn_progress, memorm, run, usage_error
 
 from memorm import Database
-from memorm.cli import main
-from memorm.cli import progress as progress_cli
 from memorm.types import utcnow
 
-T = TypeVar("T")
 Snapshot = dict[str, list[Any]]
-
-
-def run(coroutine: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coroutine)
-
-
-def memorm(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    """Runs a command argparse must refuse (exit 2); returns its error line."""
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exited:
-        main(list(argv))
-    assert exited.value.code == 2, argv
-    err = capsys.readouterr().err
-    assert "error:" in err, err
-    return err
 
 
 async def _upgrade(url: str) -> None:
@@ -60,10 +32,10 @@ def url(plain_url: str) -> str:
     return plain_url
 
 
-async def _snapshot(url: str) -> Snapshot:
+async def _snapshot(url: str, tenant: str = "default") -> Snapshot:
     """Every agent's sessions (with their messages' contents) and passages, read with the Python API."""
     found: Snapshot = {}
-    async with Database(url) as db, db.unit_of_work(read_only=True) as uow:
+    async with Database(url) as db, db.unit_of_work(tenant, read_only=True) as uow:
         for agent in (await uow.agents.list(limit=100)).items:
             for chat in (await uow.sessions.list(agent.id, limit=100)).items:
                 messages = await uow.messages.window(chat.id, limit=100)
@@ -73,8 +45,8 @@ async def _snapshot(url: str) -> Snapshot:
     return found
 
 
-def snapshot(url: str) -> Snapshot:
-    return run(_snapshot(url))
+def snapshot(url: str, tenant: str = "default") -> Snapshot:
+    return run(_snapshot(url, tenant))
 
 
 # -- memorm purge ----------------------------------------------------------------
@@ -92,8 +64,8 @@ HISTORY: Snapshot = {
 }
 
 
-async def _history(url: str) -> None:
-    """Two agents' sessions and passages, some older than 30 days, one session expired.
+async def _history(url: str, tenant: str = "default") -> None:
+    """Two agents' sessions and passages, some older than 30 days, one session expired (in `tenant`).
 
     The expired session's old assistant message calls a tool answered
     recently: purging old history takes that answer too (3 of its messages).
@@ -118,7 +90,7 @@ async def _history(url: str) -> None:
             for text, age in texts.items()
         ]
 
-    async with Database(url) as db, db.unit_of_work() as uow:
+    async with Database(url) as db, db.unit_of_work(tenant) as uow:
         sam = await uow.agents.create("sam")
         ada = await uow.agents.create("ada")
         gone = await uow.sessions.create(sam.id, title="gone", ttl=60)
@@ -181,12 +153,12 @@ PURGES = {
 }
 
 
-async def _refill(url: str) -> None:
+async def _refill(url: str, tenant: str = "default") -> None:
     """Back to HISTORY: every agent deleted (with all it has), then the history made again."""
-    async with Database(url) as db, db.unit_of_work() as uow:
+    async with Database(url) as db, db.unit_of_work(tenant) as uow:
         for agent in (await uow.agents.list(limit=100)).items:
             await uow.agents.delete(agent.id)
-    await _history(url)
+    await _history(url, tenant)
 
 
 def test_each_purge_removes_exactly_what_its_dry_run_counts(
@@ -203,6 +175,38 @@ def test_each_purge_removes_exactly_what_its_dry_run_counts(
         assert out.splitlines() == lines, options
         assert snapshot(history) == remaining, options
         run(_refill(history))
+
+
+def doubled(lines: list[str]) -> list[str]:
+    """The summary of the same purge over two tenants holding the same rows."""
+    return [re.sub(r"[0-9]+", lambda number: str(2 * int(number.group())), line) for line in lines]
+
+
+def test_purge_with_tenant_purges_that_tenant_and_without_it_every_tenant(
+    history: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(_history(history, "acme"))  # the same rows in a second tenant
+    for options, (lines, remaining) in PURGES.items():
+        code, out, err = memorm(capsys, "purge", *options.split(), "--tenant", "acme", "--url", history)
+        assert (code, err) == (0, ""), options
+        assert out.splitlines() == lines, options
+        assert snapshot(history, "acme") == remaining, options
+        assert snapshot(history) == HISTORY, options
+        run(_refill(history, "acme"))
+
+        code, out, _ = memorm(capsys, "purge", *options.split(), "--dry-run", "--url", history)
+        assert out.splitlines() == [line.replace("removed", "would remove") for line in doubled(lines)]
+        code, out, err = memorm(capsys, "purge", *options.split(), "--url", history)
+        assert (code, err) == (0, ""), options
+        assert out.splitlines() == doubled(lines), options  # --agent ada: each tenant's ada
+        assert snapshot(history, "acme") == snapshot(history) == remaining, options
+        run(_refill(history, "acme"))
+        run(_refill(history))
+    argv = ["purge", "--older-than", "30d", "--agent", "ada", "--tenant", "nobody", "--url", history]
+    assert memorm(capsys, *argv)[2] == "memorm: error: no agent named 'ada'\n"  # in that tenant
+    err = usage_error(capsys, "purge", "--expired", "--tenant", "", "--url", history)
+    assert "argument --tenant: must not be empty" in err
+    assert snapshot(history) == snapshot(history, "acme") == HISTORY
 
 
 BAD_DURATIONS = [
@@ -254,13 +258,7 @@ def test_purge_accepts_every_unit(history: str, capsys: pytest.CaptureFixture[st
 def test_purge_reports_progress_per_task(
     history: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    bars: list[Progress] = []
-
-    def terminal_bar() -> Progress:
-        bars.append(Progress(console=Console(file=io.StringIO(), force_terminal=True)))
-        return bars[-1]
-
-    monkeypatch.setattr(progress_cli, "progress_bar", terminal_bar)  # the handler imports it when it runs
+    bars = drawn_progress(monkeypatch)
     argv = ["purge", "--expired", "--older-than", "30d", "--batch", "1", "--url", history]
     assert memorm(capsys, *argv)[0] == 0  # one row per batch: the bars add the batches up
     tasks = {task.description: (task.completed, task.total) for task in bars[0].tasks}
@@ -283,11 +281,11 @@ PEOPLE: Snapshot = {
 }
 
 
-async def _people(url: str) -> None:
+async def _people(url: str, tenant: str = "default") -> None:
     def said(content: str, **meta: Any) -> dict[str, Any]:
         return {"role": "user", "content": content, "meta": meta}
 
-    async with Database(url) as db, db.unit_of_work() as uow:
+    async with Database(url) as db, db.unit_of_work(tenant) as uow:
         bot = await uow.agents.create("u42-bot", meta={"user_id": "u42"})
         shared = await uow.agents.create("shared")
         bot_chat = await uow.sessions.create(bot.id, title="bot chat")
@@ -348,6 +346,35 @@ def test_forget_dry_run_counts_then_forget_erases_every_row_whose_meta_matches(
     assert snapshot(people) == {
         "shared/u7 chat": ["u7 speaks", "u7 in french", "u7 in english"],
         "shared passages": ["u7 fact", "int 42", "string 42", "vip true", "vip string"],
+    }
+
+
+def test_forget_with_tenant_forgets_in_that_tenant_and_without_it_in_every_tenant(
+    people: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(_people(people, "acme"))
+    lines = counts(agents=1, sessions=2, messages=6, passages=2)
+    code, out, _ = memorm(capsys, "forget", "--meta", "user_id=u42", "--dry-run", "--url", people)
+    assert code == 0
+    assert out.splitlines() == [line.replace("removed", "would remove") for line in doubled(lines)]
+    code, out, err = memorm(capsys, "forget", "--meta", "user_id=u42", "--tenant", "acme", "--url", people)
+    assert (code, err) == (0, "")
+    assert out.splitlines() == lines
+    forgotten = {
+        "shared/u7 chat": ["u7 speaks", "u7 in french", "u7 in english"],
+        "shared passages": ["u7 fact", "int 42", "string 42", "vip true", "vip string"],
+    }
+    assert snapshot(people, "acme") == forgotten
+    assert snapshot(people) == PEOPLE
+    code, out, _ = memorm(capsys, "forget", "--meta", "user_id=u7", "--url", people)  # both tenants' u7
+    assert (code, out.splitlines()) == (0, counts(sessions=2, messages=3 + 4, passages=2))
+    facts = ["int 42", "string 42", "vip true", "vip string"]
+    assert snapshot(people, "acme") == {"shared passages": facts}
+    assert snapshot(people) == {
+        "u42-bot/bot chat": PEOPLE["u42-bot/bot chat"],
+        "shared/u42 chat": PEOPLE["shared/u42 chat"],
+        "shared passages": ["u42 fact", *facts],
+        "u42-bot passages": PEOPLE["u42-bot passages"],
     }
 
 

@@ -76,6 +76,7 @@ HELP = [
             ["db", "upgrade"],
             ["db", "current"],
             ["db", "check"],
+            ["db", "create-role"],
             ["demo"],
             ["check"],
             ["stats"],
@@ -85,6 +86,9 @@ HELP = [
             ["copy"],
             ["export"],
             ["import"],
+            ["tenant"],
+            ["tenant", "list"],
+            ["tenant", "delete"],
         )
     ),
 ]

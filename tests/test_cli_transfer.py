@@ -285,11 +285,13 @@ def test_export_then_import_round_trips_every_row(
     assert header == {
         "memorm": __version__,
         "revision": head_revision(),
+        "tenant": None,  # every tenant
         "tables": {"agents": 2, "embedding_models": 4, "sessions": 2, "messages": 8, "archival_passages": 6},
     }
     first = json.loads(lines[1])
     assert first["table"] == "agents"
     assert first["row"]["name"] == "agent-0"
+    assert first["row"]["tenant"] == "default"
     assert uuid.UUID(first["row"]["id"])
     assert first["row"]["created_at"].endswith("+00:00")
     assert json.loads(lines[-1]) == {"end": True, "tables": header["tables"]}

@@ -73,9 +73,11 @@ def test_cli_page_quotes_the_real_export_header_and_revision_error(
     header, *rest = Path("memory.jsonl").read_text(encoding="utf-8").splitlines()
     real = json.loads(header)
     shown = json.loads(next(line for line in page if line.startswith('{"memorm":')))
-    assert (shown["memorm"], shown["revision"], list(shown["tables"])) == (
+    assert (list(shown), shown["memorm"], shown["revision"], shown["tenant"], list(shown["tables"])) == (
+        list(real),
         real["memorm"],
         real["revision"],
+        real["tenant"],
         list(real["tables"]),
     )
 

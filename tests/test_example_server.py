@@ -122,3 +122,49 @@ async def test_request_validation_is_422(client: httpx.AsyncClient) -> None:
     _, chat = await new_session(client)
     assert (await client.post(f"/sessions/{chat}/messages", json=[{"role": "robot"}])).status_code == 422
     assert (await client.get("/sessions/not-a-uuid/context", params={"max_tokens": 5})).status_code == 422
+
+
+async def test_tenants_share_agent_names_and_see_only_their_own_data(client: httpx.AsyncClient) -> None:
+    chats = {}
+    for tenant in ("acme", "globex"):
+        headers = {"X-Tenant": tenant}
+        agent = await client.post("/agents", json={"name": "sam"}, headers=headers)  # the same name: no 409
+        assert agent.status_code == 201, agent.text
+        chat = await client.post(f"/agents/{agent.json()['id']}/sessions", json={}, headers=headers)
+        said = [{"role": "user", "content": f"the {tenant} whale"}]
+        assert (
+            await client.post(f"/sessions/{chat.json()['id']}/messages", json=said, headers=headers)
+        ).is_success
+        chats[tenant] = (agent.json()["id"], chat.json()["id"])
+    assert (await client.post("/agents", json={"name": "sam"})).status_code == 201  # no header: "default"
+    for tenant, (agent, chat) in chats.items():
+        headers = {"X-Tenant": tenant}
+        seen = await client.get(f"/sessions/{chat}/context", params={"max_tokens": 100}, headers=headers)
+        assert [m["content"] for m in seen.json()] == [f"the {tenant} whale"]
+        found = await client.get(f"/agents/{agent}/search", params={"q": "whale"}, headers=headers)
+        assert [m["content"] for m in found.json()["items"]] == [f"the {tenant} whale"]
+        for other in ("acme", "globex", "default"):
+            if other == tenant:
+                continue
+            theirs = {"X-Tenant": other}  # the other tenant's ids are unknown ids there
+            missing = await client.get(
+                f"/sessions/{chat}/context", params={"max_tokens": 100}, headers=theirs
+            )
+            assert (missing.status_code, missing.json()) == (404, {"detail": f"no session {chat}"})
+            assert (
+                await client.get(f"/agents/{agent}/search", params={"q": "whale"}, headers=theirs)
+            ).json() == {"detail": f"no agent {agent}"}
+            wrote = await client.post(f"/sessions/{chat}/messages", json=[{"role": "user"}], headers=theirs)
+            assert wrote.status_code == 404
+
+
+async def test_a_tenant_header_that_is_no_tenant_name_is_422(client: httpx.AsyncClient) -> None:
+    for bad in ("", "x" * 129):
+        response = await client.post("/agents", json={"name": "sam"}, headers={"X-Tenant": bad})
+        assert response.status_code == 422, bad
+        assert "tenant" in response.json()["detail"]
+        assert (
+            await client.get(f"/agents/{uuid.uuid4()}/search", params={"q": "x"}, headers={"X-Tenant": bad})
+        ).status_code == 422
+    longest = await client.post("/agents", json={"name": "sam"}, headers={"X-Tenant": "x" * 128})
+    assert longest.status_code == 201

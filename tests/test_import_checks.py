@@ -180,6 +180,7 @@ CASES: dict[str, tuple[Corrupt, str]] = {
     "core memory not text": (lambda r, _: _row(r, "agents", 0, core_memory={"human": 5}), "core_memory"),
     "empty session key": (lambda r, _: _row(r, "sessions", 0, key=""), "sessions.key"),
     "blank agent name": (lambda r, _: _row(r, "agents", 1, name="  "), "agents.name"),
+    "empty tenant": (lambda r, _: _row(r, "sessions", 1, tenant=""), "sessions.tenant: must not be empty"),
     # Against the database the file goes into:
     "agent name of the database's": (
         lambda r, _: _row(r, "agents", 0, name="resident"),

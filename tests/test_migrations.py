@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import sys
 import unicodedata
@@ -263,6 +264,7 @@ async def test_0007_lets_assistant_messages_have_no_content_and_keeps_what_searc
         async with db.engine.begin() as connection:  # gaps in the rowids, which the SQLite rebuild closes
             await connection.execute(MESSAGES.delete().where(MESSAGES.c.content.like("bulk 1%")))
         await db.upgrade("0007")
+        await db.upgrade()  # the API needs head
         assert await _drift(db) == []
         bulk = BULK - sum(1 for n in range(BULK) if str(n).startswith("1"))
         expected = {
@@ -294,3 +296,61 @@ async def test_0007_lets_assistant_messages_have_no_content_and_keeps_what_searc
                 assert (await connection.exec_driver_sql(found)).scalar() == bulk + 1
         await db.upgrade()
         assert await _legacy_found(db, agent) == expected
+
+
+async def test_0008_puts_every_row_in_the_default_tenant_and_round_trips(store: Store) -> None:
+    async with store.database() as db:
+        await db.upgrade("0005")
+        agent = await _insert_at_0005(db)
+        await db.upgrade("0007")
+        before = await _rows_by_table(db)
+        await db.upgrade("0008")
+        assert await _drift(db) == []
+        after = await _rows_by_table(db)
+        assert {name: {row[1:] for row in rows} for name, rows in after.items()} == {
+            name: set(rows) for name, rows in before.items()
+        }  # every row kept, as it was, with "default" in front
+        assert {row[0] for rows in after.values() for row in rows} == {"default"}
+        expected = {
+            query[:20]: ([LEGACY_TEXTS[i][:20]], [LEGACY_TEXTS[i][:20]])
+            for query, i in LEGACY_QUERIES.items()
+        }
+        assert await _legacy_found(db, agent) == expected
+        async with db.unit_of_work("acme") as uow:  # the same name in another tenant is no conflict
+            other = await uow.agents.create("legacy")
+            chat = await uow.sessions.create(other.id)
+            await uow.messages.append(chat.id, {"role": "user", "content": "needle in acme"})
+        async with db.unit_of_work("acme", read_only=True) as uow:
+            assert (await uow.messages.search(other.id, "needle")).total == 1
+            assert (await uow.agents.list()).total == 1
+        with pytest.raises(RuntimeError, match="tenant 'acme'"):
+            await db.downgrade("0007")
+        assert await db.current_revision() == "0008"
+        await db.delete_tenant("acme")
+        await db.downgrade("0007")
+        assert await _rows_by_table(db) == before
+        await db.upgrade()
+        assert await _legacy_found(db, agent) == expected
+
+
+async def _rows_by_table(db: Database) -> dict[str, set[tuple[Any, ...]]]:
+    """Every row of every table (the columns it has at this revision), read raw."""
+    found: dict[str, set[tuple[Any, ...]]] = {}
+    async with db.engine.connect() as connection:
+        for table in (AGENTS, SESSIONS, MESSAGES, PASSAGES, EMBEDDING_MODELS):
+            names: list[str] = await connection.run_sync(
+                lambda c, t=table: [column["name"] for column in sa.inspect(c).get_columns(t.name)]
+            )
+            ordered = (["tenant"] if "tenant" in names else []) + sorted(
+                n for n in names if n not in ("tenant", "search_words")
+            )
+            rows = await connection.execute(sa.text(f"SELECT {', '.join(ordered)} FROM {table.name}"))
+            found[table.name] = {tuple(_hashable(value) for value in row) for row in rows}
+    return found
+
+
+def _hashable(value: Any) -> Any:
+    """JSON documents (dicts on Postgres) as canonical text, other objects (vectors, times) as text."""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return value if isinstance(value, (str, int, float, bytes, type(None), uuid.UUID)) else str(value)

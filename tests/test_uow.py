@@ -234,6 +234,7 @@ async def _commit_will_fail(uow: UnitOfWork, store: Store) -> None:
     )
 
 
+@pytest.mark.owner  # DDL, or plans that differ under row-level security
 async def test_leaving_a_unit_of_work_whose_commit_failed_rolls_back_and_raises(
     db: Database, store: Store
 ) -> None:

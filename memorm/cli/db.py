@@ -1,8 +1,9 @@
-"""`memorm db upgrade|downgrade|current|check`: the schema's migrations."""
+"""`memorm db upgrade|downgrade|current|check`: the schema's migrations; `memorm db create-role`."""
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from memorm.cli.inspect import run_check as _check
@@ -36,6 +37,23 @@ async def _current(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _create_role(args: argparse.Namespace) -> int:
+    from memorm.cli.reach import open_database
+    from memorm.errors import ValidationError
+    from memorm.tenants import create_role
+
+    password = None
+    if args.password_env is not None:  # from the environment: argv shows in `ps` and shell history
+        password = os.environ.get(args.password_env)
+        if not password:
+            state = "is empty" if password == "" else "is not set"
+            raise ValidationError(f"--password-env: the environment variable {args.password_env} {state}")
+    async with open_database(args.url) as db:
+        for line in await create_role(db, args.role, password=password):
+            print(line)
+    return 0
+
+
 def register(commands: Any) -> None:
     db = commands.add_parser("db", help="schema migrations")
     actions = db.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -53,3 +71,24 @@ def register(commands: Any) -> None:
     check.set_defaults(handler=_check)
     for action in (upgrade, downgrade, current, check):
         action.add_argument("--url", help="database URL")
+    role = actions.add_parser(
+        "create-role",
+        help="Postgres: create (or update) the application's login role, subject to row-level security",
+        description="Create ROLE, or bring an existing one in line: a login role that may read and "
+        "write memorm's tables but is never a superuser, never BYPASSRLS and never their owner, so "
+        "row-level security keeps each unit of work to its tenant. Safe to run again.",
+    )
+    role.add_argument("role", metavar="ROLE", help="the role's name")
+    role.add_argument(
+        "--url",
+        required=True,
+        metavar="ADMIN_URL",
+        help="the database, as a superuser or a CREATEROLE role that owns memorm's tables",
+    )
+    role.add_argument(
+        "--password-env",
+        metavar="VAR",
+        help="set the role's password to the value of the environment variable VAR (never on the "
+        "command line, where ps and shell history would show it)",
+    )
+    role.set_defaults(handler=_create_role)

@@ -1,10 +1,17 @@
-"""`memorm check` (the schema against the models) and `memorm stats` (what the database holds)."""
+"""`memorm check` (the schema against the models) and `memorm stats` (what the database holds).
+
+`memorm stats --tenant NAME` counts that tenant's rows only; without it,
+every tenant's (on Postgres, with a role that bypasses row-level security).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from memorm.cli.scope import add_tenant_option
 
 if TYPE_CHECKING:
     from memorm.db import Database
@@ -59,64 +66,111 @@ async def _database_size(db: Database, connection: Any) -> int:
     return total
 
 
-async def _stats(args: argparse.Namespace) -> int:
+@dataclass
+class _Stats:
+    """What `memorm stats` reports, of one tenant or of every tenant (`tenant` None)."""
+
+    tenant: str | None
+    tenants: int  # tenants with rows in the database (counted for every tenant's stats only)
+    counts: dict[str, int]
+    largest: list[tuple[str, str, str | None, Any, int]]  # tenant, agent, title, session id, messages
+    expired: int
+    size: int
+
+
+async def _gather(db: Database, tenant: str | None) -> _Stats:
+    """The stats of `tenant`'s rows, or of every tenant's (`tenant` None)."""
     import sqlalchemy as sa
+
+    from memorm.models import AGENTS, MESSAGES, SESSIONS, metadata
+    from memorm.types import utcnow
+
+    def scope(*tables: sa.Table) -> list[sa.ColumnElement[bool]]:
+        return [] if tenant is None else [table.c.tenant == tenant for table in tables]
+
+    def count(*where: sa.ColumnElement[bool]) -> sa.Select[Any]:
+        return sa.select(sa.func.count()).where(*where)
+
+    messages = sa.func.count(MESSAGES.c.id).label("messages")
+    # Ids are unique within a tenant only: every join pairs the tenants too.
+    largest = (
+        sa.select(SESSIONS.c.tenant, AGENTS.c.name, SESSIONS.c.title, SESSIONS.c.id, messages)
+        .join(AGENTS, sa.and_(AGENTS.c.tenant == SESSIONS.c.tenant, AGENTS.c.id == SESSIONS.c.agent_id))
+        .outerjoin(
+            MESSAGES, sa.and_(MESSAGES.c.tenant == SESSIONS.c.tenant, MESSAGES.c.session_id == SESSIONS.c.id)
+        )
+        .where(*scope(SESSIONS))
+        .group_by(SESSIONS.c.tenant, AGENTS.c.name, SESSIONS.c.title, SESSIONS.c.id)
+        .order_by(messages.desc(), SESSIONS.c.tenant, SESSIONS.c.id)
+        .limit(TOP_SESSIONS)
+    )
+    owners = sa.union(*(sa.select(table.c.tenant) for table in metadata.tables.values())).subquery()
+    opened = (
+        db.unit_of_work(read_only=True, all_tenants=True)
+        if tenant is None
+        else db.unit_of_work(tenant, read_only=True)
+    )
+    now = utcnow()
+    async with opened as uow:
+        session = uow.session
+        return _Stats(
+            tenant=tenant,
+            tenants=0
+            if tenant is not None
+            else int(await session.scalar(sa.select(sa.func.count()).select_from(owners)) or 0),
+            counts={
+                name: int(await session.scalar(count(*scope(table)).select_from(table)) or 0)
+                for name, table in sorted(metadata.tables.items())
+            },
+            largest=[tuple(row) for row in await session.execute(largest)],
+            expired=int(await session.scalar(count(*scope(SESSIONS), SESSIONS.c.expires_at <= now)) or 0),
+            size=await _database_size(db, session),
+        )
+
+
+async def _stats(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
     from memorm.cli.reach import open_database
-    from memorm.models import AGENTS, MESSAGES, SESSIONS, metadata
-    from memorm.translate import READ_ONLY
-    from memorm.types import utcnow
+    from memorm.cli.scope import tenant_flag, tenant_scope
 
     async with open_database(args.url) as db:
-        await db.check_schema()
-        engine = db.engine.execution_options(**{READ_ONLY: True})
-        async with engine.connect() as connection:
-            counts = {
-                name: int(await connection.scalar(sa.select(sa.func.count()).select_from(table)) or 0)
-                for name, table in sorted(metadata.tables.items())
-            }
-            messages = sa.func.count(MESSAGES.c.id).label("messages")
-            largest = (
-                await connection.execute(
-                    sa.select(AGENTS.c.name, SESSIONS.c.title, SESSIONS.c.id, messages)
-                    .join(AGENTS, AGENTS.c.id == SESSIONS.c.agent_id)
-                    .outerjoin(MESSAGES, MESSAGES.c.session_id == SESSIONS.c.id)
-                    .group_by(AGENTS.c.name, SESSIONS.c.title, SESSIONS.c.id)
-                    .order_by(messages.desc(), SESSIONS.c.id)
-                    .limit(TOP_SESSIONS)
-                )
-            ).all()
-            expired = int(
-                await connection.scalar(sa.select(sa.func.count()).where(SESSIONS.c.expires_at <= utcnow()))
-                or 0
-            )
-            size = await _database_size(db, connection)
+        view, every = await tenant_scope(db, args.tenant, "stats")
+        found = await _gather(view, None if every else view.tenant)
         where = db.url.render_as_string(hide_password=True)
+        dialect = db.dialect
 
     console = Console()
     if not console.is_terminal:  # piped or captured: wide enough for a session id, unwrapped
         console = Console(width=120)
     console.print(f"memorm at {where}")
+    scope = f"tenant {found.tenant!r}" if found.tenant is not None else f"every tenant ({found.tenants:,})"
+    console.print(scope, markup=False)
     rows = Table(title="rows per table")
     rows.add_column("table")
     rows.add_column("rows", justify="right")
-    for name, count in counts.items():
+    for name, count in found.counts.items():
         rows.add_row(name, str(count))
     console.print(rows)
-    if expired:
-        console.print(f"sessions past their expiry, awaiting `memorm purge --expired`: {expired}")
+    if found.expired:
+        purge = f"memorm purge --expired{tenant_flag(found.tenant)}"
+        console.print(f"sessions past their expiry, awaiting `{purge}`: {found.expired}", markup=False)
     sessions = Table(title=f"largest sessions (top {TOP_SESSIONS})")
+    if every:
+        sessions.add_column("tenant")
     sessions.add_column("agent")
     sessions.add_column("title")
     sessions.add_column("session id", no_wrap=True)
     sessions.add_column("messages", justify="right")
-    for agent, title, session_id, count in largest:
-        sessions.add_row(agent, title or "-", str(session_id), str(count))
+    for tenant, agent, title, session_id, count in found.largest:
+        cells = [agent, title or "-", str(session_id), str(count)]
+        sessions.add_row(*([tenant, *cells] if every else cells))
     console.print(sessions)
-    what = "database file and WAL" if db.dialect == "sqlite" else "memorm's tables and indexes"
-    console.print(f"size on disk ({what}): {_size(size)} ({size} bytes)")
+    what = "database file and WAL" if dialect == "sqlite" else "memorm's tables and indexes"
+    if not every:
+        what += ", every tenant's rows"  # sizes are of whole tables
+    console.print(f"size on disk ({what}): {_size(found.size)} ({found.size} bytes)")
     return 0
 
 
@@ -127,5 +181,6 @@ def register(commands: Any) -> None:
     check.set_defaults(handler=run_check)
     stats = commands.add_parser("stats", help="rows per table, the largest sessions, size on disk")
     stats.set_defaults(handler=_stats)
+    add_tenant_option(stats, "rows and sessions")
     for command in (check, stats):
         command.add_argument("--url", help="database URL")

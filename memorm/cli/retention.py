@@ -3,7 +3,8 @@
 The deletions live in [`memorm.retention`][memorm.retention]; this module parses durations
 (`30d`) and meta conditions (`user_id=u42`, `n:=42`), draws progress
 bars (on stderr, only on a terminal) and prints one summary line per kind of
-row: `removed 12 sessions` (`would remove …` with `--dry-run`).
+row: `removed 12 sessions` (`would remove …` with `--dry-run`).  With
+`--tenant NAME` they run in that tenant; without it, across every tenant.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
+from memorm.cli.scope import add_tenant_option
 from memorm.errors import ValidationError
 from memorm.progress import Reporter
 
@@ -134,6 +136,7 @@ async def _purge(fail: Callable[[str], NoReturn], args: argparse.Namespace) -> i
         fail("--agent scopes --older-than only (--expired purges every agent's expired sessions)")
     from memorm.cli.progress import Bars, progress_bar
     from memorm.cli.reach import open_database
+    from memorm.cli.scope import tenant_scope
     from memorm.retention import Removed, purge_expired, purge_older_than
     from memorm.types import utcnow
 
@@ -142,20 +145,27 @@ async def _purge(fail: Callable[[str], NoReturn], args: argparse.Namespace) -> i
     cutoff = None if args.older_than is None else now - args.older_than
     removed = Removed()
     async with open_database(args.url) as db:
+        view, every = await tenant_scope(db, args.tenant, "purge")
         with progress_bar() as progress:
             bars = Bars(progress)
             if args.expired:
                 removed += await purge_expired(
-                    db, now=now, dry_run=args.dry_run, reporter=_Labelled(bars, "expired"), **batch
+                    view,
+                    now=now,
+                    dry_run=args.dry_run,
+                    reporter=_Labelled(bars, "expired"),
+                    all_tenants=every,
+                    **batch,
                 )
             if cutoff is not None:
                 old = await purge_older_than(
-                    db,
+                    view,
                     cutoff,
                     agent=args.agent,
                     dry_run=args.dry_run,
                     reporter=_Labelled(bars, "old"),
                     after_expired=now if args.expired else None,
+                    all_tenants=every,
                     **batch,
                 )
                 removed += old
@@ -169,17 +179,20 @@ async def _purge(fail: Callable[[str], NoReturn], args: argparse.Namespace) -> i
 async def _forget(args: argparse.Namespace) -> int:
     from memorm.cli.progress import Bars, progress_bar
     from memorm.cli.reach import open_database
+    from memorm.cli.scope import tenant_scope
     from memorm.retention import forget
 
     async with open_database(args.url) as db:
+        view, every = await tenant_scope(db, args.tenant, "forget")
         with progress_bar() as progress:
             removed = await forget(
-                db,
+                view,
                 args.meta,
                 dry_run=args.dry_run,
                 scrub=not args.no_scrub,
                 reindex=args.reindex,
                 reporter=Bars(progress),
+                all_tenants=every,
             )
     _summary(removed, ("agents", "sessions", "messages", "passages"), dry_run=args.dry_run)
     return 0
@@ -199,7 +212,12 @@ def register(commands: Any) -> None:
         metavar="DURATION",
         help="messages and passages created more than DURATION ago: 90m, 12h, 30d, 2w (sessions stay)",
     )
-    purge.add_argument("--agent", metavar="NAME", help="only this agent's history (with --older-than)")
+    purge.add_argument(
+        "--agent",
+        metavar="NAME",
+        help="only this agent's history (with --older-than); without --tenant, the agent of that "
+        "name in every tenant",
+    )
     purge.add_argument(
         "--batch",
         type=_batch,
@@ -237,6 +255,8 @@ def register(commands: Any) -> None:
         help="Postgres: also rebuild the full-text indexes, which keep deleted words as keys",
     )
     forget_.set_defaults(handler=_forget)
+    add_tenant_option(purge, "sessions and history")
+    add_tenant_option(forget_, "agents, sessions, messages and passages")
     for command in (purge, forget_):
         command.add_argument("--dry-run", action="store_true", help="print what would go; change nothing")
         command.add_argument("--url", help="database URL")

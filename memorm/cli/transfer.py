@@ -1,4 +1,4 @@
-"""`memorm copy|export|import`: moving whole databases, with a progress bar.
+"""`memorm copy|export|import`: moving whole databases (or one tenant), with a progress bar.
 
 The logic lives in `memorm.transfer`; this module parses arguments,
 draws progress with rich (on stderr, and only on a terminal) and prints a
@@ -42,7 +42,8 @@ def _verdict(report: CopyReport) -> int:
             print(f"  {problem}", file=sys.stderr)
         return 1
     rows = sum(digest.count for digest in report.destination.values())
-    print(f"verified: {rows:,} rows in {len(report.destination)} tables match (counts and sha256)")
+    of = "" if report.tenant is None else f" of tenant {report.tenant!r}"
+    print(f"verified: {rows:,} rows{of} in {len(report.destination)} tables match (counts and sha256)")
     return 0
 
 
@@ -51,7 +52,9 @@ async def _copy(args: argparse.Namespace) -> int:
     from memorm.cli.reach import open_database
     from memorm.transfer import copy_database
     from memorm.transfer.copy import verify_copy
+    from memorm.transfer.scope import check_scope
 
+    tenant = check_scope(args.tenant)  # a bad name creates no destination
     # The source first: a missing source creates no destination.
     async with (
         open_database(args.source) as source,
@@ -60,10 +63,17 @@ async def _copy(args: argparse.Namespace) -> int:
         with progress_bar() as progress:
             bars = Bars(progress)
             if args.verify_only:
-                report = await verify_copy(source, destination, batch_size=args.batch_size, reporter=bars)
+                report = await verify_copy(
+                    source, destination, tenant=tenant, batch_size=args.batch_size, reporter=bars
+                )
             else:
                 report = await copy_database(
-                    source, destination, batch_size=args.batch_size, verify=not args.no_verify, reporter=bars
+                    source,
+                    destination,
+                    tenant=tenant,
+                    batch_size=args.batch_size,
+                    verify=not args.no_verify,
+                    reporter=bars,
                 )
     if not args.verify_only:
         _summary("copied", report.inserted, report.skipped)
@@ -74,10 +84,14 @@ async def _export(args: argparse.Namespace) -> int:
     from memorm.cli.progress import Bars, progress_bar
     from memorm.cli.reach import open_database
     from memorm.transfer import export_jsonl
+    from memorm.transfer.scope import check_scope
 
+    tenant = check_scope(args.tenant)
     async with open_database(args.url) as db:
         with progress_bar() as progress:
-            written = await export_jsonl(db, args.file, batch_size=args.batch_size, reporter=Bars(progress))
+            written = await export_jsonl(
+                db, args.file, tenant=tenant, batch_size=args.batch_size, reporter=Bars(progress)
+            )
     _summary("exported", written, {})
     return 0
 
@@ -88,12 +102,16 @@ async def _import(args: argparse.Namespace) -> int:
     from memorm.config import resolve_url
     from memorm.transfer import import_jsonl
     from memorm.transfer.jsonl import read_header
+    from memorm.transfer.scope import check_scope
 
     resolve_url(args.url)  # a bad URL is said first,
-    read_header(args.file)  # then a file that is no export: neither creates a database
+    tenant = check_scope(args.tenant)  # then a bad tenant,
+    read_header(args.file)  # then a file that is no export: none creates a database
     async with open_database(args.url, create=True) as db:
         with progress_bar() as progress:
-            report = await import_jsonl(db, args.file, batch_size=args.batch_size, reporter=Bars(progress))
+            report = await import_jsonl(
+                db, args.file, tenant=tenant, batch_size=args.batch_size, reporter=Bars(progress)
+            )
     _summary("imported", report.inserted, report.skipped)
     return 0
 
@@ -129,7 +147,13 @@ def register(commands: Any) -> None:
     )
     import_.add_argument("file", metavar="FILE", help="export to read")
     import_.set_defaults(handler=_import)
-    for command in (copy, export, import_):
+    for command, what in ((copy, "copy"), (export, "export"), (import_, "import")):
+        command.add_argument(
+            "--tenant",
+            metavar="NAME",
+            help=f"{what} this tenant's rows only (default: every tenant's, which on Postgres "
+            "needs a role that bypasses row-level security)",
+        )
         command.add_argument(
             "--batch-size",
             type=_batch_size,

@@ -94,6 +94,7 @@ class AgentRepository(Repository):
         agent's new sessions live unless created with their own `ttl`.
         """
         agent = Agent(
+            tenant=self._owner,
             name=check_name(name, "name"),
             system=check_text(system, "system"),
             core_memory=_check_core_memory(core_memory),
@@ -109,7 +110,7 @@ class AgentRepository(Repository):
     async def get(self, agent_id: uuid.UUID | str) -> Agent:
         """The agent with this id; `NotFoundError` if there is none."""
         key = as_uuid(agent_id, "agent_id")
-        agent = await self._scalar(sa.select(Agent).where(AGENTS.c.id == key))
+        agent = await self._scalar(sa.select(Agent).where(AGENTS.c.id == key, *self._own(AGENTS)))
         if agent is None:
             raise NotFoundError(f"no agent {key}")
         result: Agent = agent
@@ -118,13 +119,14 @@ class AgentRepository(Repository):
     async def get_by_name(self, name: str) -> Agent | None:
         """The agent called `name`, or None."""
         agent: Agent | None = await self._scalar(
-            sa.select(Agent).where(AGENTS.c.name == check_text(name, "name"))
+            sa.select(Agent).where(AGENTS.c.name == check_text(name, "name"), *self._own(AGENTS))
         )
         return agent
 
     async def list(self, *, limit: int = 50, offset: int = 0) -> Page[Agent]:
         """Agents, oldest first."""
-        return await self._page(sa.select(Agent).order_by(AGENTS.c.id), limit=limit, offset=offset)
+        query = sa.select(Agent).where(*self._own(AGENTS)).order_by(AGENTS.c.id)
+        return await self._page(query, limit=limit, offset=offset)
 
     async def update(
         self,
@@ -159,7 +161,7 @@ class AgentRepository(Repository):
         text = check_text(value, f"core_memory.{label}")
         current = await self._scalar(
             sa.select(Agent)
-            .where(AGENTS.c.id == key)
+            .where(AGENTS.c.id == key, *self._own(AGENTS))
             .with_for_update()
             .execution_options(populate_existing=True)
         )
@@ -173,7 +175,7 @@ class AgentRepository(Repository):
     async def _write(self, key: uuid.UUID, version: int | None, values: dict[str, Any]) -> Agent:
         statement = (
             sa.update(Agent)
-            .where(AGENTS.c.id == key)
+            .where(AGENTS.c.id == key, *self._own(AGENTS))
             .values(**values, version=AGENTS.c.version + 1, updated_at=utcnow())
             .returning(Agent)
             .execution_options(populate_existing=True, synchronize_session=False)
@@ -183,7 +185,9 @@ class AgentRepository(Repository):
         async with self._savepoint(values):  # a rename may take a name in use
             agent: Agent | None = (await self.session.execute(statement)).scalars().first()
         if agent is None:
-            exists = await self._scalar(sa.select(AGENTS.c.version).where(AGENTS.c.id == key))
+            exists = await self._scalar(
+                sa.select(AGENTS.c.version).where(AGENTS.c.id == key, *self._own(AGENTS))
+            )
             if exists is None:
                 raise NotFoundError(f"no agent {key}")
             raise ConflictError(f"agent {key} is at version {exists}, not {version}")
@@ -194,7 +198,9 @@ class AgentRepository(Repository):
         key = as_uuid(agent_id, "agent_id")
         self._archive_changed(key)  # its cached vectors go too
         deleted = await self._rowcount(
-            sa.delete(Agent).where(AGENTS.c.id == key).execution_options(synchronize_session=False)
+            sa.delete(Agent)
+            .where(AGENTS.c.id == key, *self._own(AGENTS))
+            .execution_options(synchronize_session=False)
         )
         if deleted == 0:
             raise NotFoundError(f"no agent {key}")
@@ -220,15 +226,33 @@ class AgentRepository(Repository):
         check_flag(dry_run, "dry_run")
         if not isinstance(where, Mapping) or not any(key != "created_at" for key in where):
             raise ValidationError("where: forget needs at least one meta key, such as {'user_id': 'u42'}")
-        agents = sa.select(AGENTS.c.id).where(*await filter_conditions(self.session, AGENTS, where))
+        # Rows are matched by (tenant, id): in an all-tenants unit of work the
+        # same id may name rows of two tenants.
+        scope = self._within
+        agents = sa.select(AGENTS.c.tenant, AGENTS.c.id).where(
+            *scope(AGENTS), *await filter_conditions(self.session, AGENTS, where)
+        )
         tagged = {
-            table.name: sa.and_(*await filter_conditions(self.session, table, where))
+            table.name: sa.and_(*scope(table), *await filter_conditions(self.session, table, where))
             for table in (SESSIONS, MESSAGES, PASSAGES)
         }
-        sessions = sa.select(SESSIONS.c.id).where(sa.or_(SESSIONS.c.agent_id.in_(agents), tagged["sessions"]))
+        sessions = sa.select(SESSIONS.c.tenant, SESSIONS.c.id).where(
+            *scope(SESSIONS),
+            sa.or_(sa.tuple_(SESSIONS.c.tenant, SESSIONS.c.agent_id).in_(agents), tagged["sessions"]),
+        )
         # A deleted tool call takes its answers, which hold what the call fetched about the person.
-        messages = with_answers(sa.or_(MESSAGES.c.session_id.in_(sessions), tagged["messages"]))
-        passages = sa.or_(PASSAGES.c.agent_id.in_(agents), tagged["archival_passages"])
+        messages = sa.and_(
+            *scope(MESSAGES),
+            with_answers(
+                sa.or_(sa.tuple_(MESSAGES.c.tenant, MESSAGES.c.session_id).in_(sessions), tagged["messages"])
+            ),
+        )
+        passages = sa.and_(
+            *scope(PASSAGES),
+            sa.or_(
+                sa.tuple_(PASSAGES.c.tenant, PASSAGES.c.agent_id).in_(agents), tagged["archival_passages"]
+            ),
+        )
         if dry_run:
             return Removed(
                 agents=await self._count(agents),
@@ -237,24 +261,30 @@ class AgentRepository(Repository):
                 passages=await self._count(sa.select(PASSAGES.c.id).where(passages)),
             )
         # Every agent whose archive changes: bump its version and drop its cached vectors.
-        owners = set(
-            (await self._execute(sa.select(PASSAGES.c.agent_id).where(passages).distinct())).scalars()
-        )
-        doomed = list((await self._execute(agents)).scalars())
-        self._archive_changed(*owners, *doomed)
+        changes = sa.select(PASSAGES.c.tenant, PASSAGES.c.agent_id).where(passages).distinct()
+        owners = set(await self._pairs(changes))
+        doomed = await self._pairs(agents)
+        self._archives_changed([*owners, *doomed])
         # Lock as writers do, parents first (agents, then sessions, then their rows), so
         # a concurrent trim or delete_many queues behind this instead of deadlocking.
-        await self._execute(
-            sa.update(AGENTS)
-            .where(AGENTS.c.id.in_(sorted(owners.union(doomed))))
-            .values(archive_version=AGENTS.c.archive_version + 1)
-        )
-        await self._lock_sessions(SESSIONS.c.id.in_(sessions))
+        changed = sorted(owners.union(doomed))
+        if changed:
+            await self._execute(
+                sa.update(AGENTS)
+                .where(*scope(AGENTS), sa.tuple_(AGENTS.c.tenant, AGENTS.c.id).in_(changed))
+                .values(archive_version=AGENTS.c.archive_version + 1)
+            )
+        in_sessions = sa.tuple_(SESSIONS.c.tenant, SESSIONS.c.id).in_(sessions)
+        await self._lock_sessions(*scope(SESSIONS), in_sessions)
         removed = Removed(
             messages=await self._rowcount(sa.delete(MESSAGES).where(messages)),
             passages=await self._rowcount(sa.delete(PASSAGES).where(passages)),
-            sessions=await self._rowcount(sa.delete(SESSIONS).where(SESSIONS.c.id.in_(sessions))),
-            agents=await self._rowcount(sa.delete(AGENTS).where(AGENTS.c.id.in_(doomed))),
+            sessions=await self._rowcount(sa.delete(SESSIONS).where(*scope(SESSIONS), in_sessions)),
+            agents=await self._rowcount(
+                sa.delete(AGENTS).where(*scope(AGENTS), sa.tuple_(AGENTS.c.tenant, AGENTS.c.id).in_(doomed))
+            )
+            if doomed
+            else 0,
         )
         for index, count in ((MESSAGES_FTS, removed.messages), (PASSAGES_FTS, removed.passages)):
             if count:

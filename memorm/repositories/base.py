@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -13,10 +13,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql import ColumnElement, Executable, Select
 
 from memorm.conflicts import conflict_message, unique_key_of
-from memorm.errors import ConflictError, NotFoundError
+from memorm.errors import ConflictError, NotFoundError, ValidationError
 from memorm.models import AGENTS, SESSIONS
 from memorm.page import Page
 from memorm.search.vector import ARCHIVE_WRITES
+from memorm.tenancy import DEFAULT_TENANT
 from memorm.translate import check_writable, guarded
 from memorm.validation import check_limit
 
@@ -26,16 +27,50 @@ T = TypeVar("T")
 
 
 class Repository:
-    """Base of the repositories: runs statements on the unit of work's session."""
+    """Base of the repositories: runs statements on the unit of work's session.
 
-    def __init__(self, session: AsyncSession) -> None:
+    `tenant` is the unit of work's tenant, whose rows alone every statement
+    reads and writes; None in an all-tenants unit of work, where only the
+    maintenance operations (purges, `forget`) run, across every tenant.
+    """
+
+    def __init__(self, session: AsyncSession, tenant: str | None = DEFAULT_TENANT) -> None:
         self.session = session
+        self.tenant = tenant
+
+    def _own(self, *tables: sa.Table) -> list[ColumnElement[bool]]:
+        """Conditions keeping `tables` to the unit of work's tenant.
+
+        An all-tenants unit of work cannot run the operation: ids are
+        unique only within a tenant, and a new row needs an owner.
+        """
+        if self.tenant is None:
+            raise ValidationError(
+                "an all-tenants unit of work only runs maintenance (purges, forget); "
+                "open db.unit_of_work(tenant=...) for this"
+            )
+        return [table.c.tenant == self.tenant for table in tables]
+
+    def _within(self, *tables: sa.Table) -> list[ColumnElement[bool]]:
+        """Like `_own`, but nothing in an all-tenants unit of work: for maintenance across tenants."""
+        return [] if self.tenant is None else [table.c.tenant == self.tenant for table in tables]
+
+    @property
+    def _owner(self) -> str:
+        """The tenant new rows get (`ValidationError` in an all-tenants unit of work)."""
+        self._own()
+        assert self.tenant is not None
+        return self.tenant
 
     async def _execute(self, statement: Executable, params: Any = None) -> Result[Any]:
         if getattr(statement, "is_dml", False):
             check_writable(self.session)
         async with guarded(self.session):
             return await self.session.execute(statement, params)
+
+    async def _pairs(self, statement: Executable) -> list[tuple[Any, Any]]:
+        """The rows of a two-column query, as tuples (`(tenant, id)`, say)."""
+        return [(row[0], row[1]) for row in (tuple(found) for found in await self._execute(statement))]
 
     async def _scalar(self, statement: Executable) -> Any:
         async with guarded(self.session):
@@ -53,15 +88,19 @@ class Repository:
 
     async def _require_agent(self, key: uuid.UUID) -> None:
         """`NotFoundError` unless the agent exists."""
-        if await self._scalar(sa.select(AGENTS.c.id).where(AGENTS.c.id == key)) is None:
+        if await self._scalar(sa.select(AGENTS.c.id).where(AGENTS.c.id == key, *self._own(AGENTS))) is None:
             raise NotFoundError(f"no agent {key}")
 
     def _archive_changed(self, *agent_ids: uuid.UUID) -> None:
-        """Note agents whose archival passages this unit of work changed (or deleted).
+        """Note agents of this tenant whose archival passages this unit of work changed (or deleted).
 
         Vector caches bypass them until the commit, which then evicts them.
         """
-        self.session.info.setdefault(ARCHIVE_WRITES, set()).update(agent_ids)
+        self._archives_changed((self._owner, agent_id) for agent_id in agent_ids)
+
+    def _archives_changed(self, agents: Iterable[tuple[str, uuid.UUID]]) -> None:
+        """`_archive_changed` for `(tenant, agent id)`s, of any tenant."""
+        self.session.info.setdefault(ARCHIVE_WRITES, set()).update(agents)
 
     async def _lock_sessions(self, *where: ColumnElement[bool]) -> None:
         """Lock the sessions matching `where`, in id order, before deleting their rows.

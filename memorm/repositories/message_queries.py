@@ -44,13 +44,21 @@ SEQ_MAX = INT32_MAX  # seq is a 32-bit integer
 SEQ_MIN = INT32_MIN
 _WINDOW_BACK = (  # the newest `limit` messages up to seq `bound`, newest first
     sa.select(*_FIELDS)
-    .where(MESSAGES.c.session_id == sa.bindparam("session_id"), MESSAGES.c.seq <= sa.bindparam("bound"))
+    .where(
+        MESSAGES.c.tenant == sa.bindparam("tenant"),
+        MESSAGES.c.session_id == sa.bindparam("session_id"),
+        MESSAGES.c.seq <= sa.bindparam("bound"),
+    )
     .order_by(MESSAGES.c.seq.desc())
     .limit(sa.bindparam("limit"))
 )
 _WINDOW_FORWARD = (  # the oldest `limit` messages from seq `bound` on
     sa.select(*_FIELDS)
-    .where(MESSAGES.c.session_id == sa.bindparam("session_id"), MESSAGES.c.seq >= sa.bindparam("bound"))
+    .where(
+        MESSAGES.c.tenant == sa.bindparam("tenant"),
+        MESSAGES.c.session_id == sa.bindparam("session_id"),
+        MESSAGES.c.seq >= sa.bindparam("bound"),
+    )
     .order_by(MESSAGES.c.seq)
     .limit(sa.bindparam("limit"))
 )
@@ -117,7 +125,9 @@ class MessageQueries(Repository):
             statement = _WINDOW_FORWARD if forward else _WINDOW_BACK
             async with guarded(self.session):
                 found = await fetch(
-                    self.session, statement, {"session_id": key, "bound": bound, "limit": limit}
+                    self.session,
+                    statement,
+                    {"tenant": self._owner, "session_id": key, "bound": bound, "limit": limit},
                 )
             rows = [hydrate(Message, dict(zip(_COLUMNS, row, strict=True))) for row in found]
         else:
@@ -149,7 +159,7 @@ class MessageQueries(Repository):
         budget = check_int(max_tokens, "max_tokens", minimum=1, maximum=INT32_MAX)
         check_flag(pinned_system, "pinned_system")
         system: Message | None = None
-        where: list[ColumnElement[bool]] = [MESSAGES.c.session_id == key]
+        where: list[ColumnElement[bool]] = [*self._own(MESSAGES), MESSAGES.c.session_id == key]
         head = await self._fetch_window(key, forward=True, bound=SEQ_MIN, limit=1)
         if not head:
             await self._require_session(key)
@@ -175,7 +185,8 @@ class MessageQueries(Repository):
         """Messages from `bound` on (`forward`) or up to it, `limit` of them, in scan order."""
         statement = _WINDOW_FORWARD if forward else _WINDOW_BACK
         async with guarded(self.session):
-            found = await fetch(self.session, statement, {"session_id": key, "bound": bound, "limit": limit})
+            params = {"tenant": self._owner, "session_id": key, "bound": bound, "limit": limit}
+            found = await fetch(self.session, statement, params)
         return [hydrate(Message, dict(zip(_COLUMNS, row, strict=True))) for row in found]
 
     async def _budget_span(
@@ -220,7 +231,7 @@ class MessageQueries(Repository):
         """How many messages the session holds (of these roles, if given)."""
         key = as_uuid(session_id, "session_id")
         wanted = check_roles(roles)
-        query = sa.select(sa.func.count()).where(MESSAGES.c.session_id == key)
+        query = sa.select(sa.func.count()).where(*self._own(MESSAGES), MESSAGES.c.session_id == key)
         if wanted is not None:
             query = query.where(MESSAGES.c.role.in_(wanted))
         total = int(await self._scalar(query) or 0)
@@ -306,10 +317,12 @@ class MessageQueries(Repository):
         """Filters for one agent (and one of its sessions); NotFoundError for unknown ids."""
         agent = as_uuid(agent_id, "agent_id")
         wanted = check_roles(roles)
-        where: list[ColumnElement[bool]] = [MESSAGES.c.agent_id == agent]
+        where: list[ColumnElement[bool]] = [*self._own(MESSAGES), MESSAGES.c.agent_id == agent]
         if session_id is not None:
             chat = as_uuid(session_id, "session_id")
-            owner = await self._scalar(sa.select(SESSIONS.c.agent_id).where(SESSIONS.c.id == chat))
+            owner = await self._scalar(
+                sa.select(SESSIONS.c.agent_id).where(SESSIONS.c.id == chat, *self._own(SESSIONS))
+            )
             if owner != agent:
                 raise NotFoundError(f"no session {chat} for agent {agent}")
             where.append(MESSAGES.c.session_id == chat)
@@ -324,11 +337,11 @@ class MessageQueries(Repository):
     ) -> list[Message]:
         """Messages matching `where`, read with Core and built with `hydrate`.
 
-        Several times cheaper per row than an ORM query, and never stale: the
+        Of this tenant's rows only.  Several times cheaper per row than an ORM query, and never stale: the
         identity map is bypassed (Core UPDATEs, such as prepend moving the
         system message, would otherwise leave it holding old values).
         """
-        query = sa.select(*_FIELDS).where(*where)
+        query = sa.select(*_FIELDS).where(*self._own(MESSAGES), *where)
         if order is not None:
             query = query.order_by(order)
         if limit is not None:
@@ -337,5 +350,8 @@ class MessageQueries(Repository):
         return [hydrate(Message, dict(zip(_COLUMNS, row, strict=True))) for row in result]
 
     async def _require_session(self, key: uuid.UUID) -> None:
-        if await self._scalar(sa.select(SESSIONS.c.id).where(SESSIONS.c.id == key)) is None:
+        if (
+            await self._scalar(sa.select(SESSIONS.c.id).where(SESSIONS.c.id == key, *self._own(SESSIONS)))
+            is None
+        ):
             raise NotFoundError(f"no session {key}")

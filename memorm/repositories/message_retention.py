@@ -24,8 +24,8 @@ __all__ = ["MessageRetention", "with_answers"]
 OLD_BATCH = 10_000  # messages per DELETE in delete_before
 
 
-def _old(owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None) -> ColumnElement[bool]:
-    scope = [MESSAGES.c.agent_id == owner, MESSAGES.c.created_at < instant]
+def _old(tenant: str, owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None) -> ColumnElement[bool]:
+    scope = [MESSAGES.c.tenant == tenant, MESSAGES.c.agent_id == owner, MESSAGES.c.created_at < instant]
     if chat is not None:
         scope.append(MESSAGES.c.session_id == chat)
     return sa.and_(*scope)
@@ -36,7 +36,12 @@ def _previous(answer: sa.FromClause, column: str) -> sa.ScalarSelect[Any]:
     head = MESSAGES.alias("head")
     return (
         sa.select(head.c[column])
-        .where(head.c.session_id == answer.c.session_id, head.c.seq < answer.c.seq, head.c.role != "tool")
+        .where(
+            head.c.tenant == answer.c.tenant,
+            head.c.session_id == answer.c.session_id,
+            head.c.seq < answer.c.seq,
+            head.c.role != "tool",
+        )
         .order_by(head.c.seq.desc())
         .limit(1)
         .scalar_subquery()
@@ -53,16 +58,19 @@ def with_answers(doomed: ColumnElement[bool]) -> ColumnElement[bool]:
     """
     answer = MESSAGES.alias("answer")
     # Uncorrelated: inside a DELETE FROM messages, these must still read the table afresh.
-    heads = sa.select(MESSAGES.c.id).where(doomed).correlate(None)
-    chats = sa.select(MESSAGES.c.session_id).where(doomed).correlate(None)
-    answers = sa.select(answer.c.id).where(
-        answer.c.role == "tool", answer.c.session_id.in_(chats), _previous(answer, "id").in_(heads)
+    # Rows are matched by (tenant, id): ids are unique only within a tenant.
+    heads = sa.select(MESSAGES.c.tenant, MESSAGES.c.id).where(doomed).correlate(None)
+    chats = sa.select(MESSAGES.c.tenant, MESSAGES.c.session_id).where(doomed).correlate(None)
+    answers = sa.select(answer.c.tenant, answer.c.id).where(
+        answer.c.role == "tool",
+        sa.tuple_(answer.c.tenant, answer.c.session_id).in_(chats),
+        sa.tuple_(answer.c.tenant, _previous(answer, "id")).in_(heads),
     )
-    return sa.or_(doomed, MESSAGES.c.id.in_(answers))
+    return sa.or_(doomed, sa.tuple_(MESSAGES.c.tenant, MESSAGES.c.id).in_(answers))
 
 
 def _newer_answers(
-    answer: sa.FromClause, owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None
+    answer: sa.FromClause, tenant: str, owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None
 ) -> ColumnElement[bool]:
     """`answer` is a tool message from `instant` on whose block's head is older.
 
@@ -70,6 +78,7 @@ def _newer_answers(
     nearest message of another role: the head of its tool-call block.
     """
     return sa.and_(
+        answer.c.tenant == tenant,
         answer.c.agent_id == owner,
         answer.c.created_at >= instant,
         answer.c.role == "tool",
@@ -119,10 +128,15 @@ class MessageRetention(MessageQueries):
         expired sessions runs first and takes their messages).
         """
         answer = MESSAGES.alias("answer")
-        old = sa.select(sa.func.count()).where(_old(owner, instant, chat))
-        answers = sa.select(sa.func.count()).where(_newer_answers(answer, owner, instant, chat))
+        tenant = self._owner
+        old = sa.select(sa.func.count()).where(_old(tenant, owner, instant, chat))
+        answers = sa.select(sa.func.count()).where(_newer_answers(answer, tenant, owner, instant, chat))
         if expired_at is not None:
-            expired = sa.select(SESSIONS.c.id).where(SESSIONS.c.expires_at <= expired_at).scalar_subquery()
+            expired = (
+                sa.select(SESSIONS.c.id)
+                .where(SESSIONS.c.tenant == tenant, SESSIONS.c.expires_at <= expired_at)
+                .scalar_subquery()
+            )
             old = old.where(MESSAGES.c.session_id.not_in(expired))
             answers = answers.where(answer.c.session_id.not_in(expired))
         return int(await self._scalar(old)) + int(await self._scalar(answers))
@@ -130,23 +144,35 @@ class MessageRetention(MessageQueries):
     async def _delete_answers(self, owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None) -> int:
         """Delete the newer tool answers of old messages (before those go: the answers are found by them)."""
         answer = MESSAGES.alias("answer")
-        found = sa.select(answer.c.id).where(_newer_answers(answer, owner, instant, chat))
-        sessions = sa.select(answer.c.session_id).where(_newer_answers(answer, owner, instant, chat))
-        await self._lock_sessions(SESSIONS.c.agent_id == owner, SESSIONS.c.id.in_(sessions.scalar_subquery()))
-        return await self._rowcount(sa.delete(MESSAGES).where(MESSAGES.c.id.in_(found.scalar_subquery())))
+        tenant = self._owner
+        found = sa.select(answer.c.id).where(_newer_answers(answer, tenant, owner, instant, chat))
+        sessions = sa.select(answer.c.session_id).where(_newer_answers(answer, tenant, owner, instant, chat))
+        await self._lock_sessions(
+            SESSIONS.c.tenant == tenant,
+            SESSIONS.c.agent_id == owner,
+            SESSIONS.c.id.in_(sessions.scalar_subquery()),
+        )
+        return await self._rowcount(
+            sa.delete(MESSAGES).where(MESSAGES.c.tenant == tenant, MESSAGES.c.id.in_(found.scalar_subquery()))
+        )
 
     async def _delete_old_batch(
         self, owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None, size: int
     ) -> int:
         """Delete up to `size` messages created before `instant`, oldest first; returns how many."""
+        tenant = self._owner
         doomed = (
             sa.select(MESSAGES.c.id, MESSAGES.c.session_id)
-            .where(_old(owner, instant, chat))
+            .where(_old(tenant, owner, instant, chat))
             .order_by(MESSAGES.c.created_at)
             .limit(size)
             .subquery()
         )
         await self._lock_sessions(
-            SESSIONS.c.agent_id == owner, SESSIONS.c.id.in_(sa.select(doomed.c.session_id).scalar_subquery())
+            SESSIONS.c.tenant == tenant,
+            SESSIONS.c.agent_id == owner,
+            SESSIONS.c.id.in_(sa.select(doomed.c.session_id).scalar_subquery()),
         )
-        return await self._rowcount(sa.delete(MESSAGES).where(MESSAGES.c.id.in_(sa.select(doomed.c.id))))
+        return await self._rowcount(
+            sa.delete(MESSAGES).where(MESSAGES.c.tenant == tenant, MESSAGES.c.id.in_(sa.select(doomed.c.id)))
+        )

@@ -28,6 +28,7 @@ from memorm.models import MESSAGES, SESSIONS, Message, hydrate
 from memorm.repositories.message_input import MessageInput, check_batch, check_message, count_tokens
 from memorm.repositories.message_queries import _COLUMNS, SEQ_MAX, SEQ_MIN
 from memorm.repositories.message_retention import MessageRetention
+from memorm.tenancy import DEFAULT_TENANT
 from memorm.tokens import TokenCounter, estimate_tokens
 from memorm.translate import check_writable, guarded
 from memorm.types import utcnow
@@ -37,7 +38,7 @@ __all__ = ["MessageRepository"]
 
 _ALLOCATE = (
     sa.update(SESSIONS)
-    .where(SESSIONS.c.id == sa.bindparam("session_id"))
+    .where(SESSIONS.c.tenant == sa.bindparam("of_tenant"), SESSIONS.c.id == sa.bindparam("session_id"))
     .values(next_seq=SESSIONS.c.next_seq + sa.bindparam("count"), updated_at=sa.bindparam("now"))
     .returning(SESSIONS.c.agent_id, SESSIONS.c.next_seq)
 )
@@ -46,8 +47,14 @@ _ALLOCATE = (
 class MessageRepository(MessageRetention):
     """Messages of a session, ordered by `seq`."""
 
-    def __init__(self, session: AsyncSession, *, token_counter: TokenCounter = estimate_tokens) -> None:
-        super().__init__(session)
+    def __init__(
+        self,
+        session: AsyncSession,
+        tenant: str | None = DEFAULT_TENANT,
+        *,
+        token_counter: TokenCounter = estimate_tokens,
+    ) -> None:
+        super().__init__(session, tenant)
         self.token_counter = token_counter
 
     # -- writing ------------------------------------------------------------
@@ -101,7 +108,7 @@ class MessageRepository(MessageRetention):
             new_system_seq = head_seq - len(rows)
             await self._execute(
                 sa.update(MESSAGES)
-                .where(MESSAGES.c.session_id == key, MESSAGES.c.seq == head_seq)
+                .where(*self._own(MESSAGES), MESSAGES.c.session_id == key, MESSAGES.c.seq == head_seq)
                 .values(seq=new_system_seq)
             )
             first = new_system_seq + 1
@@ -119,7 +126,7 @@ class MessageRepository(MessageRetention):
         if head is not None and head[1] == "system":
             await self._execute(
                 sa.update(MESSAGES)
-                .where(MESSAGES.c.session_id == key, MESSAGES.c.seq == head[0])
+                .where(*self._own(MESSAGES), MESSAGES.c.session_id == key, MESSAGES.c.seq == head[0])
                 .values(content=row["content"], token_count=row["token_count"], updated_at=utcnow())
                 .values(search_words=row["content"])  # the derived words follow the text
             )
@@ -144,7 +151,7 @@ class MessageRepository(MessageRetention):
         await self._lock_session(key)
         head = await self._head(key)
         system_seq = head[0] if head is not None and head[1] == "system" else None
-        body = [MESSAGES.c.session_id == key]
+        body = [*self._own(MESSAGES), MESSAGES.c.session_id == key]
         if system_seq is not None:
             body.append(MESSAGES.c.seq != system_seq)
         if keep == 0:
@@ -173,7 +180,7 @@ class MessageRepository(MessageRetention):
     async def delete(self, message_id: uuid.UUID | str) -> None:
         """Delete one message."""
         key = as_uuid(message_id, "message_id")
-        if await self._rowcount(sa.delete(MESSAGES).where(MESSAGES.c.id == key)) == 0:
+        if await self._rowcount(sa.delete(MESSAGES).where(MESSAGES.c.id == key, *self._own(MESSAGES))) == 0:
             raise NotFoundError(f"no message {key}")
 
     async def delete_after(self, session_id: uuid.UUID | str, seq: int) -> int:
@@ -192,11 +199,13 @@ class MessageRepository(MessageRetention):
         if first > SEQ_MAX:
             return 0
         deleted = await self._rowcount(
-            sa.delete(MESSAGES).where(MESSAGES.c.session_id == key, MESSAGES.c.seq >= first)
+            sa.delete(MESSAGES).where(
+                *self._own(MESSAGES), MESSAGES.c.session_id == key, MESSAGES.c.seq >= first
+            )
         )
         await self._execute(
             sa.update(SESSIONS)
-            .where(SESSIONS.c.id == key, SESSIONS.c.next_seq > first)
+            .where(*self._own(SESSIONS), SESSIONS.c.id == key, SESSIONS.c.next_seq > first)
             .values(next_seq=first)
         )
         return deleted
@@ -208,8 +217,12 @@ class MessageRepository(MessageRetention):
         """
         key = as_uuid(session_id, "session_id")
         await self._lock_session(key)
-        deleted = await self._rowcount(sa.delete(MESSAGES).where(MESSAGES.c.session_id == key))
-        await self._execute(sa.update(SESSIONS).where(SESSIONS.c.id == key).values(next_seq=1))
+        deleted = await self._rowcount(
+            sa.delete(MESSAGES).where(*self._own(MESSAGES), MESSAGES.c.session_id == key)
+        )
+        await self._execute(
+            sa.update(SESSIONS).where(*self._own(SESSIONS), SESSIONS.c.id == key).values(next_seq=1)
+        )
         return deleted
 
     async def pop(self, session_id: uuid.UUID | str) -> Message | None:
@@ -236,7 +249,8 @@ class MessageRepository(MessageRetention):
         """
         check_writable(self.session)
         async with guarded(self.session):
-            rows = await fetch(self.session, _ALLOCATE, {"session_id": key, "count": count, "now": utcnow()})
+            params = {"of_tenant": self._owner, "session_id": key, "count": count, "now": utcnow()}
+            rows = await fetch(self.session, _ALLOCATE, params)
         if not rows:
             raise NotFoundError(f"no session {key}")
         agent_id, end = rows[0]
@@ -251,7 +265,7 @@ class MessageRepository(MessageRetention):
         row = (
             await self._execute(
                 sa.select(MESSAGES.c.seq, MESSAGES.c.role)
-                .where(MESSAGES.c.session_id == key)
+                .where(*self._own(MESSAGES), MESSAGES.c.session_id == key)
                 .order_by(MESSAGES.c.seq)
                 .limit(1)
             )
@@ -272,9 +286,10 @@ class MessageRepository(MessageRetention):
     ) -> list[Message]:
         """Number, complete and insert checked rows (token counts filled in); returns `Message` objects."""
         now = utcnow()
+        tenant = self._owner
         stored: list[Message] = []
         for seq, (item, row) in enumerate(zip(batch, rows, strict=True), start=first_seq):
-            row.update(session_id=key, agent_id=agent_id, seq=seq, updated_at=now)
+            row.update(tenant=tenant, session_id=key, agent_id=agent_id, seq=seq, updated_at=now)
             if row["created_at"] is None:
                 row["created_at"] = now
             if isinstance(item, Message):

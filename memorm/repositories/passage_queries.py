@@ -25,6 +25,7 @@ from memorm.search.vector import (
     nearest,
     score_of,
 )
+from memorm.tenancy import DEFAULT_TENANT
 from memorm.types.vector import pack_float16, unpack_float16
 from memorm.validation import (
     as_uuid,
@@ -81,8 +82,10 @@ def _check_k(k: object, field: str = "k") -> int:
 class PassageQueries(Repository):
     """The read side of [`PassageRepository`][memorm.repositories.PassageRepository]."""
 
-    def __init__(self, session: Any, *, cache: VectorCache | None = None) -> None:
-        super().__init__(session)
+    def __init__(
+        self, session: Any, tenant: str | None = DEFAULT_TENANT, *, cache: VectorCache | None = None
+    ) -> None:
+        super().__init__(session, tenant)
         self.cache = cache if cache is not None else VectorCache()
         self._models: dict[tuple[uuid.UUID, str], EmbeddingModel] = {}
 
@@ -102,7 +105,9 @@ class PassageQueries(Repository):
         row = (
             await self._execute(
                 sa.select(*EMBEDDING_MODELS.c).where(
-                    EMBEDDING_MODELS.c.agent_id == agent_id, EMBEDDING_MODELS.c.name == name
+                    *self._own(EMBEDDING_MODELS),
+                    EMBEDDING_MODELS.c.agent_id == agent_id,
+                    EMBEDDING_MODELS.c.name == name,
                 )
             )
         ).first()
@@ -133,7 +138,7 @@ class PassageQueries(Repository):
     async def count(self, agent_id: uuid.UUID | str, *, embedding_model: str | None = None) -> int:
         """How many passages the agent has (of one model, if given)."""
         key = as_uuid(agent_id, "agent_id")
-        query = sa.select(sa.func.count()).where(PASSAGES.c.agent_id == key)
+        query = sa.select(sa.func.count()).where(*self._own(PASSAGES), PASSAGES.c.agent_id == key)
         if embedding_model is not None:
             query = query.where(PASSAGES.c.embedding_model == _check_model_name(embedding_model))
         return int(await self._scalar(query) or 0)
@@ -145,7 +150,7 @@ class PassageQueries(Repository):
         key = as_uuid(agent_id, "agent_id")
         query = (
             sa.select(ArchivalPassage)
-            .where(PASSAGES.c.agent_id == key)
+            .where(*self._own(PASSAGES), PASSAGES.c.agent_id == key)
             .order_by(PASSAGES.c.created_at, PASSAGES.c.id)
             .execution_options(populate_existing=True)
         )
@@ -208,6 +213,7 @@ class PassageQueries(Repository):
             hits = await nearest(
                 self.session,
                 self.cache,
+                self._owner,
                 key,
                 model,
                 vector,
@@ -241,7 +247,7 @@ class PassageQueries(Repository):
             PASSAGES_FTS,
             text,
             entity=ArchivalPassage,
-            where=[PASSAGES.c.agent_id == key],
+            where=[*self._own(PASSAGES), PASSAGES.c.agent_id == key],
             limit=limit,
             offset=offset,
         )
@@ -283,6 +289,7 @@ class PassageQueries(Repository):
         # The text side gets the same scope in SQL, before its limit: model and filters.
         key = as_uuid(agent_id, "agent_id")
         scope = [
+            *self._own(PASSAGES),
             PASSAGES.c.agent_id == key,
             PASSAGES.c.embedding_model == _check_model_name(embedding_model),
             *await self._filters(where),
@@ -314,5 +321,5 @@ class PassageQueries(Repository):
     async def _load(self, ids: builtins.list[uuid.UUID]) -> dict[uuid.UUID, ArchivalPassage]:
         if not ids:
             return {}
-        rows = await self._execute(sa.select(*_FIELDS).where(PASSAGES.c.id.in_(ids)))
+        rows = await self._execute(sa.select(*_FIELDS).where(*self._own(PASSAGES), PASSAGES.c.id.in_(ids)))
         return {row.id: hydrate(ArchivalPassage, dict(row._mapping)) for row in rows}

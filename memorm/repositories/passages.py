@@ -53,8 +53,10 @@ __all__ = ["PassageRepository"]
 _OLD_BATCH = 10_000  # passages per DELETE in delete_before
 
 
-def _old(agent_id: uuid.UUID, instant: datetime) -> sa.ColumnElement[bool]:
-    return sa.and_(PASSAGES.c.agent_id == agent_id, PASSAGES.c.created_at < instant)
+def _old(tenant: str, agent_id: uuid.UUID, instant: datetime) -> sa.ColumnElement[bool]:
+    return sa.and_(
+        PASSAGES.c.tenant == tenant, PASSAGES.c.agent_id == agent_id, PASSAGES.c.created_at < instant
+    )
 
 
 class PassageRepository(PassageQueries):
@@ -91,7 +93,9 @@ class PassageRepository(PassageQueries):
         """The agent's model called `name`, registered with this shape on first use."""
         found = await self._lookup(agent_id, name)
         if found is None:
-            model = EmbeddingModel(agent_id=agent_id, name=name, dim=dim, precision=precision)
+            model = EmbeddingModel(
+                tenant=self._owner, agent_id=agent_id, name=name, dim=dim, precision=precision
+            )
             try:
                 async with self._savepoint({"agent_id": agent_id, "name": name}):
                     self.session.add(model)
@@ -163,6 +167,7 @@ class PassageRepository(PassageQueries):
             rows.append(
                 {
                     **item,
+                    "tenant": self._owner,
                     "agent_id": key,
                     "embedding": None if half else vector,
                     "embedding_half": vector if half else None,
@@ -223,7 +228,7 @@ class PassageRepository(PassageQueries):
         now = utcnow()
         await self._execute(
             sa.update(PASSAGES)
-            .where(PASSAGES.c.id == key)
+            .where(PASSAGES.c.id == key, *self._own(PASSAGES))
             .values(
                 text=new_text,
                 search_words=new_text,
@@ -237,11 +242,13 @@ class PassageRepository(PassageQueries):
     async def delete(self, passage_id: uuid.UUID | str) -> None:
         """Delete one passage."""
         key = as_uuid(passage_id, "passage_id")
-        owner = await self._scalar(sa.select(PASSAGES.c.agent_id).where(PASSAGES.c.id == key))
+        owner = await self._scalar(
+            sa.select(PASSAGES.c.agent_id).where(PASSAGES.c.id == key, *self._own(PASSAGES))
+        )
         if owner is None:
             raise NotFoundError(f"no passage {key}")
         await self._touch_agent(owner)
-        await self._execute(sa.delete(PASSAGES).where(PASSAGES.c.id == key))
+        await self._execute(sa.delete(PASSAGES).where(PASSAGES.c.id == key, *self._own(PASSAGES)))
 
     async def delete_where(self, agent_id: uuid.UUID | str, where: Filter) -> int:
         """Delete the agent's passages matching `where` (see `memorm.search.filters`).
@@ -253,14 +260,16 @@ class PassageRepository(PassageQueries):
         if not conditions:
             raise ValidationError("where: give at least one condition (delete the agent to drop everything)")
         await self._touch_agent(key)
-        return await self._rowcount(sa.delete(PASSAGES).where(PASSAGES.c.agent_id == key, *conditions))
+        return await self._rowcount(
+            sa.delete(PASSAGES).where(*self._own(PASSAGES), PASSAGES.c.agent_id == key, *conditions)
+        )
 
     async def delete_many(self, agent_id: uuid.UUID | str, ids: Iterable[uuid.UUID | str]) -> int:
         """Delete these passages of the agent (others' and unknown ids are ignored); returns how many."""
         key = as_uuid(agent_id, "agent_id")
         wanted = [as_uuid(passage_id, "ids[]") for passage_id in check_list(ids, "ids", "passage ids")]
         await self._require_agent(key)
-        mine = sa.and_(PASSAGES.c.agent_id == key, PASSAGES.c.id.in_(wanted))
+        mine = sa.and_(*self._own(PASSAGES), PASSAGES.c.agent_id == key, PASSAGES.c.id.in_(wanted))
         if not wanted or await self._scalar(sa.select(PASSAGES.c.id).where(mine).limit(1)) is None:
             return 0  # unknown ids change nothing, so caches stay valid
         # The bump locks the agent before the delete, so concurrent writers of the
@@ -281,7 +290,7 @@ class PassageRepository(PassageQueries):
         check_flag(dry_run, "dry_run")
         await self._require_agent(key)
         if dry_run:
-            return int(await self._scalar(sa.select(sa.func.count()).where(_old(key, instant))))
+            return int(await self._scalar(sa.select(sa.func.count()).where(_old(self._owner, key, instant))))
         deleted = 0
         while True:
             count = await self._delete_old_batch(key, instant, _OLD_BATCH)
@@ -295,7 +304,7 @@ class PassageRepository(PassageQueries):
             (
                 await self._execute(
                     sa.select(PASSAGES.c.id)
-                    .where(_old(key, instant))
+                    .where(_old(self._owner, key, instant))
                     .order_by(PASSAGES.c.created_at)
                     .limit(size)
                 )
@@ -304,12 +313,16 @@ class PassageRepository(PassageQueries):
         if not doomed:
             return 0  # nothing changes, so caches stay valid
         await self._touch_agent(key)
-        return await self._rowcount(sa.delete(PASSAGES).where(PASSAGES.c.id.in_(doomed)))
+        return await self._rowcount(
+            sa.delete(PASSAGES).where(*self._own(PASSAGES), PASSAGES.c.id.in_(doomed))
+        )
 
     async def _touch_agent(self, key: uuid.UUID) -> None:
         """Bump the agent's archive version (and check the agent exists)."""
         bumped = await self._rowcount(
-            sa.update(AGENTS).where(AGENTS.c.id == key).values(archive_version=AGENTS.c.archive_version + 1)
+            sa.update(AGENTS)
+            .where(AGENTS.c.id == key, *self._own(AGENTS))
+            .values(archive_version=AGENTS.c.archive_version + 1)
         )
         if bumped == 0:
             raise NotFoundError(f"no agent {key}")

@@ -59,12 +59,15 @@ class SessionRepository(Repository):
         owner = as_uuid(agent_id, "agent_id")
         lifetime = None if ttl is None else check_duration(ttl, "ttl")
         chat = Session(
+            tenant=self._owner,
             agent_id=owner,
             title=check_text(title, "title", optional=True),
             key=None if key is None else _check_key(key),
             meta=check_json_object(meta, "meta"),
         )
-        found = (await self._execute(sa.select(AGENTS.c.retention).where(AGENTS.c.id == owner))).first()
+        found = (
+            await self._execute(sa.select(AGENTS.c.retention).where(AGENTS.c.id == owner, *self._own(AGENTS)))
+        ).first()
         if found is None:
             raise NotFoundError(f"no agent {owner}")
         if lifetime is None and found.retention is not None:
@@ -110,7 +113,7 @@ class SessionRepository(Repository):
         owner = as_uuid(agent_id, "agent_id")
         chat: Session | None = await self._scalar(
             sa.select(Session)
-            .where(SESSIONS.c.agent_id == owner, SESSIONS.c.key == _check_key(key))
+            .where(*self._own(SESSIONS), SESSIONS.c.agent_id == owner, SESSIONS.c.key == _check_key(key))
             .execution_options(populate_existing=True)
         )
         return chat
@@ -118,7 +121,9 @@ class SessionRepository(Repository):
     async def get(self, session_id: uuid.UUID | str) -> Session:
         """The session with this id; `NotFoundError` if there is none."""
         key = as_uuid(session_id, "session_id")
-        chat: Session | None = await self._scalar(sa.select(Session).where(SESSIONS.c.id == key))
+        chat: Session | None = await self._scalar(
+            sa.select(Session).where(SESSIONS.c.id == key, *self._own(SESSIONS))
+        )
         if chat is None:
             raise NotFoundError(f"no session {key}")
         return chat
@@ -128,7 +133,7 @@ class SessionRepository(Repository):
         key = as_uuid(agent_id, "agent_id")
         query = (
             sa.select(Session)
-            .where(SESSIONS.c.agent_id == key)
+            .where(*self._own(SESSIONS), SESSIONS.c.agent_id == key)
             .order_by(SESSIONS.c.created_at, SESSIONS.c.id)
         )
         return await self._page(query, limit=limit, offset=offset)
@@ -137,7 +142,9 @@ class SessionRepository(Repository):
         """Delete the session and its messages."""
         key = as_uuid(session_id, "session_id")
         deleted = await self._rowcount(
-            sa.delete(Session).where(SESSIONS.c.id == key).execution_options(synchronize_session=False)
+            sa.delete(Session)
+            .where(SESSIONS.c.id == key, *self._own(SESSIONS))
+            .execution_options(synchronize_session=False)
         )
         if deleted == 0:
             raise NotFoundError(f"no session {key}")
@@ -158,7 +165,7 @@ class SessionRepository(Repository):
         expires_at = None if lifetime is None else later(instant, lifetime, "now + ttl")
         statement = (
             sa.update(Session)
-            .where(SESSIONS.c.id == key)
+            .where(SESSIONS.c.id == key, *self._own(SESSIONS))
             .values(expires_at=expires_at, updated_at=utcnow())
             .returning(Session)
             .execution_options(populate_existing=True, synchronize_session=False)
@@ -183,8 +190,12 @@ class SessionRepository(Repository):
         instant = utcnow() if now is None else check_aware(now, "now")
         size = check_batch(batch)
         if check_flag(dry_run, "dry_run"):
-            expired = sa.select(SESSIONS.c.id).where(SESSIONS.c.expires_at <= instant)
-            messages = sa.select(MESSAGES.c.id).where(MESSAGES.c.session_id.in_(expired.scalar_subquery()))
+            expired = sa.select(SESSIONS.c.tenant, SESSIONS.c.id).where(
+                *self._within(SESSIONS), SESSIONS.c.expires_at <= instant
+            )
+            messages = sa.select(MESSAGES.c.id).where(
+                *self._within(MESSAGES), sa.tuple_(MESSAGES.c.tenant, MESSAGES.c.session_id).in_(expired)
+            )
             return Removed(sessions=await self._count(expired), messages=await self._count(messages))
         total = Removed()
         while True:
@@ -195,20 +206,25 @@ class SessionRepository(Repository):
 
     async def _purge_batch(self, instant: datetime, size: int) -> Removed:
         """Delete up to `size` sessions expired at `instant`, soonest expired first."""
-        ids = list(
-            (
-                await self._execute(
-                    sa.select(SESSIONS.c.id)
-                    .where(SESSIONS.c.expires_at <= instant)
-                    .order_by(SESSIONS.c.expires_at)
-                    .limit(size)
-                    .with_for_update(skip_locked=True)
-                )
-            ).scalars()
+        # (tenant, id) pairs: across tenants, an id alone may name two sessions.
+        ids = await self._pairs(
+            sa.select(SESSIONS.c.tenant, SESSIONS.c.id)
+            .where(*self._within(SESSIONS), SESSIONS.c.expires_at <= instant)
+            .order_by(SESSIONS.c.expires_at)
+            .limit(size)
+            .with_for_update(skip_locked=True)
         )
         if not ids:
             return Removed()
         # Messages first (the cascade would delete them too, but not count them).
-        messages = await self._rowcount(sa.delete(MESSAGES).where(MESSAGES.c.session_id.in_(ids)))
-        sessions = await self._rowcount(sa.delete(SESSIONS).where(SESSIONS.c.id.in_(ids)))
+        messages = await self._rowcount(
+            sa.delete(MESSAGES).where(
+                *self._within(MESSAGES), sa.tuple_(MESSAGES.c.tenant, MESSAGES.c.session_id).in_(ids)
+            )
+        )
+        sessions = await self._rowcount(
+            sa.delete(SESSIONS).where(
+                *self._within(SESSIONS), sa.tuple_(SESSIONS.c.tenant, SESSIONS.c.id).in_(ids)
+            )
+        )
         return Removed(sessions=sessions, messages=messages)

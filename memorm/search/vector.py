@@ -67,7 +67,8 @@ DEFAULT_EF_SEARCH = 40  # pgvector's own default
 # pgvector's HNSW build options and their bounds (hnsw.h; the server refuses others).
 _M = (2, 100)
 _EF_CONSTRUCTION = (4, 1000)
-ARCHIVE_WRITES = "memorm_archive_writes"  # AsyncSession.info: agents whose archive this unit of work changed
+# AsyncSession.info: (tenant, agent id)s whose archive this unit of work changed
+ARCHIVE_WRITES = "memorm_archive_writes"
 _TIE_MARGIN = 16  # rows read past k+offset, so equal distances there can be ordered by id
 _THREAD_ABOVE = 200_000  # matrix cells; smaller searches run inline (a thread hop costs ~0.1 ms)
 
@@ -235,7 +236,9 @@ class VectorCache:
 
     def __init__(self, max_entries: int = 64) -> None:
         self.max_entries = max_entries
-        self._entries: OrderedDict[tuple[uuid.UUID, str], _Matrix] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, uuid.UUID, str], _Matrix] = (
+            OrderedDict()
+        )  # tenant, agent, model
         # Units of work of any event loop and thread share the cache: the dict
         # sits behind a thread lock, and loads queue on a lock that works across loops.
         self._mutex = threading.Lock()
@@ -246,27 +249,37 @@ class VectorCache:
         with self._mutex:
             self._entries.clear()
 
-    def evict(self, agent_ids: Iterable[uuid.UUID]) -> None:
-        """Drop these agents' matrices (their archives changed, or they are gone)."""
-        doomed = set(agent_ids)
+    def evict(self, agents: Iterable[tuple[str, uuid.UUID]]) -> None:
+        """Drop these `(tenant, agent id)`s' matrices (their archives changed, or they are gone)."""
+        doomed = set(agents)
         with self._mutex:
-            for key in [key for key in self._entries if key[0] in doomed]:
+            for key in [key for key in self._entries if key[:2] in doomed]:
                 del self._entries[key]
 
-    async def matrix(self, session: AsyncSession, agent_id: uuid.UUID, model: EmbeddingModel) -> _Matrix:
+    def evict_tenant(self, tenant: str) -> None:
+        """Drop every matrix of the tenant's agents."""
+        with self._mutex:
+            for key in [key for key in self._entries if key[0] == tenant]:
+                del self._entries[key]
+
+    async def matrix(
+        self, session: AsyncSession, tenant: str, agent_id: uuid.UUID, model: EmbeddingModel
+    ) -> _Matrix:
         """The agent's vectors for `model`, reloaded if the archive changed since they were read."""
-        version = await session.scalar(sa.select(AGENTS.c.archive_version).where(AGENTS.c.id == agent_id))
+        version = await session.scalar(
+            sa.select(AGENTS.c.archive_version).where(AGENTS.c.tenant == tenant, AGENTS.c.id == agent_id)
+        )
         if version is None:
             raise NotFoundError(f"no agent {agent_id}")
-        if agent_id in session.info.get(ARCHIVE_WRITES, ()):
+        if (tenant, agent_id) in session.info.get(ARCHIVE_WRITES, ()):
             # This unit of work changed the archive: its rows are not committed
             # and may roll back, so they must not outlive it in the cache.
-            return await _load(session, agent_id, model, version)
-        key = (agent_id, model.name)
+            return await _load(session, tenant, agent_id, model, version)
+        key = (tenant, agent_id, model.name)
         async with self._loading:
             entry = self._entries.get(key)
             if entry is None or entry.version != version:
-                entry = await _load(session, agent_id, model, version)
+                entry = await _load(session, tenant, agent_id, model, version)
             with self._mutex:
                 self._entries[key] = entry
                 self._entries.move_to_end(key)
@@ -275,7 +288,9 @@ class VectorCache:
         return entry
 
 
-async def _load(session: AsyncSession, agent_id: uuid.UUID, model: EmbeddingModel, version: int) -> _Matrix:
+async def _load(
+    session: AsyncSession, tenant: str, agent_id: uuid.UUID, model: EmbeddingModel, version: int
+) -> _Matrix:
     import numpy as np  # here, not at the top: `from memorm import Database` need not load it
 
     half = model.precision == "float16"
@@ -285,7 +300,9 @@ async def _load(session: AsyncSession, agent_id: uuid.UUID, model: EmbeddingMode
     # 100,000 rows of vectors cost SQLite a 150 MB temporary b-tree.
     rows = await session.execute(
         sa.select(PASSAGES.c.id, raw).where(
-            PASSAGES.c.agent_id == agent_id, PASSAGES.c.embedding_model == model.name
+            PASSAGES.c.tenant == tenant,
+            PASSAGES.c.agent_id == agent_id,
+            PASSAGES.c.embedding_model == model.name,
         )
     )
     ids: list[uuid.UUID] = []
@@ -356,6 +373,7 @@ def _distances(
 async def _sqlite_nearest(
     session: AsyncSession,
     cache: VectorCache,
+    tenant: str,
     agent_id: uuid.UUID,
     model: EmbeddingModel,
     query: list[float],
@@ -367,12 +385,15 @@ async def _sqlite_nearest(
 ) -> list[tuple[uuid.UUID, float]]:
     import numpy as np
 
-    matrix = await cache.matrix(session, agent_id, model)
+    matrix = await cache.matrix(session, tenant, agent_id, model)
     rows: NDArray[np.intp] | None = None
     if where:  # filters run in SQL; the matrix is narrowed to the rows that pass
         allowed = await session.scalars(
             sa.select(PASSAGES.c.id).where(
-                PASSAGES.c.agent_id == agent_id, PASSAGES.c.embedding_model == model.name, *where
+                PASSAGES.c.tenant == tenant,
+                PASSAGES.c.agent_id == agent_id,
+                PASSAGES.c.embedding_model == model.name,
+                *where,
             )
         )
         rows = np.array(sorted(matrix.position[i] for i in allowed if i in matrix.position), dtype=np.intp)
@@ -393,6 +414,7 @@ async def _sqlite_nearest(
 async def nearest(
     session: AsyncSession,
     cache: VectorCache,
+    tenant: str,
     agent_id: uuid.UUID,
     model: EmbeddingModel,
     query: list[float],
@@ -406,10 +428,10 @@ async def nearest(
     """The `k` nearest passages (after `offset`): `(id, distance)`, best first."""
     connection = await session.connection()
     if connection.dialect.name == "postgresql":
-        scope = [PASSAGES.c.agent_id == agent_id, *where]
+        scope = [PASSAGES.c.tenant == tenant, PASSAGES.c.agent_id == agent_id, *where]
         return await _pg_nearest(
             session, model, query, metric=metric, where=scope, k=k, offset=offset, ef_search=ef_search
         )
     return await _sqlite_nearest(
-        session, cache, agent_id, model, query, metric=metric, where=where, k=k, offset=offset
+        session, cache, tenant, agent_id, model, query, metric=metric, where=where, k=k, offset=offset
     )

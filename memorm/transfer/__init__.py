@@ -1,16 +1,19 @@
-"""Moving whole databases: copies between engines, JSON Lines export and import.
+"""Moving whole databases, or one tenant: copies between engines, JSON Lines export and import.
 
 These are infrastructure, not the agent loop: they read memorm's tables with
 SQLAlchemy Core in keyset-paged batches (`memorm.transfer.rows`), write
 with the bulk path of `memorm.driver`, and never hold a whole table in
-memory.  Every write skips rows whose id the destination already has, so an
-interrupted run can simply be run again.
+memory.  Rows are keyed by (tenant, id): every write skips rows whose key the
+destination already has, so an interrupted run can simply be run again.
+Each operation takes `tenant=`: one tenant's rows (in units of work of that
+tenant), or None for every tenant's (`memorm.transfer.scope`).
 
 Example:
     ```python
     async with Database("sqlite:///agents.db") as src, Database(pg_url) as dst:
-        report = await copy_database(src, dst)
+        report = await copy_database(src, dst)  # every tenant
         assert not report.problems
+        await copy_database(src, dst, tenant="acme")  # one tenant
     ```
 """
 

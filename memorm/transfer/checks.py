@@ -24,6 +24,7 @@ from memorm.repositories.agents import _check_core_memory, _check_retention
 from memorm.repositories.message_input import _GIVEN, check_message
 from memorm.repositories.passage_queries import _check_half, _check_model_name, _check_shape
 from memorm.repositories.sessions import _check_key
+from memorm.tenancy import check_tenant
 from memorm.transfer.rows import column_names
 from memorm.types import JSONType, VectorType
 from memorm.validation import check_int, check_json, check_json_object, check_name, check_text, check_vector
@@ -141,6 +142,7 @@ def check_row(table: sa.Table, row: tuple[Any, ...]) -> Values:
     values = dict(zip(column_names(table), row, strict=True))
     try:
         _storage(table, values)
+        check_tenant(values["tenant"])
         check_json_object(values["meta"], "meta")
         _CHECKS[table.name](values)
     except ValidationError as error:

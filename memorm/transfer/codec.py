@@ -20,6 +20,7 @@ from sqlalchemy.sql.schema import ScalarElementColumnDefault
 
 from memorm.errors import ValidationError
 from memorm.models import fields
+from memorm.tenancy import DEFAULT_TENANT
 from memorm.transfer.rows import Row, column_names
 from memorm.types import UTCDateTime, UUIDType
 
@@ -81,6 +82,11 @@ def to_json_row(table: sa.Table, row: Row) -> dict[str, Any]:
 
 def _added_later(column: sa.Column[Any]) -> tuple[bool, Any]:
     """Whether an export from an older revision may lack `column`, and the value it then takes."""
+    if column.name == "tenant":
+        # Added by 0008, whose rows before were all the default tenant's.  The
+        # column has no client-side default on purpose (the server's is the unit
+        # of work's tenant), so it is named here.
+        return True, DEFAULT_TENANT
     default = column.default
     if isinstance(default, ScalarElementColumnDefault):
         return True, default.arg
@@ -91,7 +97,8 @@ def from_json_row(table: sa.Table, data: Mapping[str, Any], *, older: bool = Fal
     """The row of `table` that `to_json_row` encoded as `data`.
 
     `older`: the row comes from an earlier schema revision, so columns added
-    since (nullable, or with a plain default) may be absent and take that value.
+    since (nullable, or with a plain default) may be absent and take that value;
+    a row without `tenant` (from before 0008) is the default tenant's.
 
     Raises:
         ValidationError: a column is missing or extra, or a value cannot be decoded.

@@ -1,18 +1,20 @@
-"""`memorm export` / `memorm import`: a database as JSON Lines.
+"""`memorm export` / `memorm import`: a database (or one tenant of it) as JSON Lines.
 
 The file's first line is a header, then one record per row, tables in
 dependency order, then an end record with the counts actually written:
 
 ```text
-{"memorm": "0.1.0", "revision": "0004", "tables": {"agents": 2, …}}
-{"table": "agents", "row": {"id": "0190…", "name": "sam", …}}
+{"memorm": "0.1.0", "revision": "0008", "tenant": null, "tables": {"agents": 2, …}}
+{"table": "agents", "row": {"tenant": "default", "id": "0190…", "name": "sam", …}}
 …
 {"end": true, "tables": {"agents": 2, …}}
 ```
 
-Rows use the JSON-safe encoding of `memorm.transfer.codec`.  The header's
-counts are taken before the rows are read (for progress); the end record's
-are exact, and its absence marks a truncated file.  Files ending in `.gz`
+Rows use the JSON-safe encoding of `memorm.transfer.codec`, each with its
+tenant.  The header's `tenant` is the export's scope: the one tenant
+exported, or null for every tenant.  Its counts are taken before the rows
+are read (for progress); the end record's are exact, and its absence marks
+a truncated file.  Files ending in `.gz`
 are gzip-compressed.
 
 An import reads the file twice: it checks every row first, alone
@@ -53,6 +55,7 @@ from memorm.transfer.rows import (
     read_batches,
     table_named,
 )
+from memorm.transfer.scope import Scope, check_reach, check_scope
 from memorm.transfer.target import prepare_destination
 from memorm.types.json import dumps
 
@@ -83,28 +86,43 @@ async def export_jsonl(
     db: Database,
     path: str | os.PathLike[str],
     *,
+    tenant: str | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
     reporter: Reporter | None = None,
 ) -> dict[str, int]:
-    """Write every row of `db` to `path`; the rows written, by table.
+    """Write every row of `db` (or of one tenant) to `path`; the rows written, by table.
 
     The file appears under its name only once complete (it is written beside
     it first, then renamed).
+
+    Args:
+        tenant: export that tenant's rows only, read in units of work of that
+            tenant (so an application role under row-level security can
+            export its own tenant).  None exports every tenant, which on
+            Postgres needs a role that bypasses row-level security.  The
+            header records it (`"tenant"`).
+
+    Raises:
+        ValidationError: `tenant` is no tenant name, or is None for a role
+            under row-level security.
     """
     from memorm import __version__
 
+    scope = check_scope(tenant)
     report = reporter or Silent()
     target = Path(path)
     await db.check_schema()
-    counts = {table.name: await count_rows(db, table) for table in TABLES}
+    check_reach(db, scope)
+    counts = {table.name: await count_rows(db, table, tenant=scope) for table in TABLES}
     written = dict.fromkeys(counts, 0)
     partial = target.with_name(target.name + ".partial")
+    header = {"memorm": __version__, "revision": head_revision(), "tenant": scope, "tables": counts}
     try:
         with _open(partial, "w", name=target) as out:
-            out.write(_line({"memorm": __version__, "revision": head_revision(), "tables": counts}))
+            out.write(_line(header))
             for table in TABLES:
                 report.start(table.name, counts[table.name])
-                async for rows in read_batches(db, table, batch_size=batch_size):
+                async for rows in read_batches(db, table, tenant=scope, batch_size=batch_size):
                     out.writelines(
                         _line({"table": table.name, "row": to_json_row(table, row)}) for row in rows
                     )
@@ -221,14 +239,14 @@ def _rows(source: Path, *, older: bool) -> Iterator[Numbered]:
 
 
 async def _check_rows(
-    db: Database, rows: Iterable[Numbered], source: str, *, batch_size: int, reporter: Reporter
+    db: Database, rows: Iterable[Numbered], source: str, *, tenant: Scope, batch_size: int, reporter: Reporter
 ) -> None:
     """Check every row of an export, alone and against the others and `db`; write nothing.
 
     Raises:
         ValidationError: the first problem found, naming its line.
     """
-    check = FileCheck(db)
+    check = FileCheck(db, tenant)
     table: sa.Table | None = None
     pending: Pending = []
     for line, where, target, row in rows:
@@ -236,6 +254,11 @@ async def _check_rows(
             values = check_row(target, row)
         except ValidationError as error:
             raise ValidationError(f"{where}: {error}") from None
+        if tenant is not None and values["tenant"] != tenant:
+            raise ValidationError(
+                f"{where}: {target.name}.tenant: a row of tenant {values['tenant']!r}, "
+                f"but the import is of tenant {tenant!r}"
+            )
         check.order(target, values, where)
         if target is not table or len(pending) >= batch_size:
             if table is not None and pending:
@@ -253,10 +276,11 @@ async def import_jsonl(
     db: Database,
     path: str | os.PathLike[str],
     *,
+    tenant: str | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
     reporter: Reporter | None = None,
 ) -> ImportReport:
-    """Insert the rows of an export at `path` into `db`, skipping ids it already has.
+    """Insert the rows of an export at `path` into `db`, skipping (tenant, id) keys it already has.
 
     An empty `db` (no memorm schema) is migrated to head first; one with a
     memorm schema must be at head (`SchemaError` otherwise, naming `memorm
@@ -267,15 +291,30 @@ async def import_jsonl(
     a bad file raises `ValidationError` naming the line, and nothing is
     written.  Then each batch commits on its own: after a failure (a lost
     connection), importing again finishes the job.
+
+    Each row keeps the tenant it has in the file; rows of an export from
+    before tenants (revision 0008) are the default tenant's.
+
+    Args:
+        tenant: import into that tenant only, in units of work of that
+            tenant (so an application role under row-level security can
+            import its own tenant): a row of another tenant is refused
+            (`ValidationError` naming its line) before anything is written.
+            None imports every tenant's rows as they are, which on Postgres
+            needs a role that bypasses row-level security.
     """
+    scope = check_scope(tenant)
     report = reporter or Silent()
     source = Path(path)
     header = read_header(source)  # a file that is no export leaves even an empty ``db`` untouched
     await prepare_destination(db)
+    check_reach(db, scope)
     older = header.get("revision") != head_revision()  # its rows may lack columns added since
     counts = header["tables"]
     report.start("check", sum(n for n in counts.values() if isinstance(n, int) and not isinstance(n, bool)))
-    await _check_rows(db, _rows(source, older=older), str(source), batch_size=batch_size, reporter=report)
+    await _check_rows(
+        db, _rows(source, older=older), str(source), tenant=scope, batch_size=batch_size, reporter=report
+    )
 
     result = ImportReport(header=header)
     table: sa.Table | None = None
@@ -283,7 +322,7 @@ async def import_jsonl(
 
     async def flush() -> None:
         if table is not None and batch:
-            fresh = await insert_new(db, table, batch)
+            fresh = await insert_new(db, table, batch, tenant=scope)
             result.inserted[table.name] += fresh
             result.skipped[table.name] += len(batch) - fresh
             report.advance(table.name, len(batch))

@@ -4,23 +4,27 @@
 (`ValidationError` naming the line) what would corrupt the database or fail
 halfway through an import:
 
-* a row that is not in id order after the previous row of its table (as
-  export writes them), which also catches an id given twice;
-* a reference to an agent, session or embedding model that is neither
-  earlier in the file nor in the database;
+* a row that is not in (tenant, id) order after the previous row of its
+  table (as export writes them), which also catches a key given twice;
+* a reference to an agent, session or embedding model of the row's tenant
+  that is neither earlier in the file nor in the database (another tenant's
+  row of that id is no such thing: keys pair the tenant with the id);
 * a message whose `agent_id` is not its session's, or whose `seq` is not
   below its session's `next_seq` (appends take numbers from there);
 * a passage whose vector has not its model's dimension or precision;
-* a row the database's unique constraints would refuse: an agent name, a
-  model name of an agent, a session key of an agent or a message `seq` of
-  a session taken by another row, in the file or in the database; or a
-  session whose id the database holds under another agent.
+* a row the database's unique constraints would refuse: an agent name of a
+  tenant, a model name of an agent, a session key of an agent or a message
+  `seq` of a session taken by another row, in the file or in the database;
+  or a session whose id the database holds under another agent.
 
-A row whose id the database has already is skipped by the import, so the
-database's version of it (a session's agent and `next_seq`, a model's
-shape) is what later rows are checked against.  Memory grows with agents,
-models and sessions, and by 12 bytes per message (its `seq` and line, to
-find duplicates at the end); never with texts or vectors.
+Every structure and every lookup is keyed by the tenant too, so a file
+holding several tenants, or a database holding other tenants with the same
+ids, is checked as the database's keys will see it.  A row whose key the
+database has already is skipped by the import, so the database's version of
+it (a session's agent and `next_seq`, a model's shape) is what later rows are
+checked against.  Memory grows with agents, models and sessions, and by 12
+bytes per message (its `seq` and line, to find duplicates at the end); never
+with texts or vectors.
 """
 
 from __future__ import annotations
@@ -38,17 +42,24 @@ from memorm.db import Database
 from memorm.errors import ValidationError
 from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, SESSIONS
 from memorm.transfer.checks import Values, vector_of
+from memorm.transfer.lookup import PER_QUERY, matching
+from memorm.transfer.scope import Scope, scoped
 from memorm.translate import guarded
 
 __all__ = ["FileCheck", "Numbered", "Pending"]
 
 T = TypeVar("T")
-_CHUNK = 1_000  # ids per IN list: far below both engines' limits on bound parameters
+Key = tuple[str, uuid.UUID]  # (tenant, id)
 
 
 def _chunks(items: Sequence[T]) -> Iterable[Sequence[T]]:
-    for start in range(0, len(items), _CHUNK):
-        yield items[start : start + _CHUNK]
+    for start in range(0, len(items), PER_QUERY):
+        yield items[start : start + PER_QUERY]
+
+
+def _of(tenant: str) -> str:
+    """How a message names a tenant."""
+    return f"tenant {tenant!r}"
 
 
 @dataclass
@@ -67,26 +78,34 @@ Numbered = tuple[int, str, sa.Table, tuple[Any, ...]]  # (line, where, table, ro
 
 
 class FileCheck:
-    """Cross-row checks of one export against the database `db` it is to be imported into."""
+    """Cross-row checks of one export against the database `db` it is to be imported into.
 
-    def __init__(self, db: Database) -> None:
+    `tenant`: the import's scope (None: every tenant); the database is read in
+    units of work of that scope.
+    """
+
+    def __init__(self, db: Database, tenant: Scope = None) -> None:
         self.db = db
-        self.agents: dict[uuid.UUID, bool] = {}  # known agents: whether the database holds them
-        self.names: dict[str, str] = {}  # agent names in the file: where
-        self.models: dict[tuple[uuid.UUID, str], tuple[int, str]] = {}  # (agent, name): (dim, precision)
-        self.chats: dict[uuid.UUID, _Chat] = {}
-        self.keys: dict[tuple[uuid.UUID, str], str] = {}  # session keys in the file: where
-        self.last: dict[str, uuid.UUID] = {}
+        self.tenant = tenant
+        self.agents: dict[Key, bool] = {}  # known agents: whether the database holds them
+        self.names: dict[tuple[str, str], str] = {}  # (tenant, agent name) in the file: where
+        self.models: dict[tuple[str, uuid.UUID, str], tuple[int, str]] = {}  # (tenant, agent, name): shape
+        self.chats: dict[Key, _Chat] = {}
+        self.keys: dict[tuple[str, uuid.UUID, str], str] = {}  # (tenant, agent, session key): where
+        self.last: dict[str, Key] = {}
 
     def order(self, table: sa.Table, values: Values, where: str) -> None:
-        """Refuse a row that does not come after the previous row of its table."""
+        """Refuse a row that does not come after the previous row of its table, in (tenant, id) order."""
         last = self.last.get(table.name)
-        if last is not None and values["id"] <= last:
+        key = (values["tenant"], values["id"])
+        if last is not None and key <= last:
+            said = values["id"] if key[0] == last[0] else f"{values['id']} of {_of(key[0])}"
+            before = last[1] if key[0] == last[0] else f"{last[1]} of {_of(last[0])}"
             raise ValidationError(
-                f"{where}: {table.name}.id: {values['id']} is not after the previous row's {last} "
-                "(rows come in id order, each id once)"
+                f"{where}: {table.name}.id: {said} is not after the previous row's {before} "
+                "(rows come in (tenant, id) order, each id once per tenant)"
             )
-        self.last[table.name] = values["id"]
+        self.last[table.name] = key
 
     async def batch(self, table: sa.Table, rows: Pending) -> None:
         """Check a batch of rows of `table` (already checked one by one), in file order."""
@@ -94,7 +113,7 @@ class FileCheck:
 
     def finish(self, source: str) -> None:
         """The checks that need the whole file: no `seq` twice in a session."""
-        for chat_id, chat in self.chats.items():
+        for (_, chat_id), chat in self.chats.items():
             if len(chat.seqs) < 2:
                 continue
             seqs = np.frombuffer(chat.seqs, dtype=np.int32)
@@ -110,117 +129,142 @@ class FileCheck:
     # -- lookups -----------------------------------------------------------------------------
 
     async def _select(self, statement: sa.Select[Any]) -> list[tuple[Any, ...]]:
-        async with self.db.unit_of_work(read_only=True) as uow, guarded(uow.session):
+        async with scoped(self.db, self.tenant, read_only=True) as uow, guarded(uow.session):
             return [tuple(row) for row in await uow.session.execute(statement)]
 
-    async def _stored(self, columns: Sequence[Any], key: Any, wanted: Iterable[Any]) -> list[tuple[Any, ...]]:
-        """Rows (`columns`) of the database whose `key` is one of `wanted`."""
+    async def _stored(
+        self,
+        columns: Sequence[Any],
+        key: Sequence[sa.Column[Any]],
+        wanted: Iterable[tuple[Any, ...]],
+        *also: sa.ColumnElement[bool],
+    ) -> list[tuple[Any, ...]]:
+        """Rows (`columns`) of the database whose `key` columns hold a `wanted` tuple (and match `also`)."""
         found: list[tuple[Any, ...]] = []
-        for chunk in _chunks(sorted(set(wanted))):
-            found += await self._select(sa.select(*columns).where(key.in_(chunk)))
+        for where in matching(key, wanted):
+            found += await self._select(sa.select(*columns).where(where, *also))
         return found
 
     async def _require_agents(self, table: str, rows: Pending) -> None:
-        unknown = {row["agent_id"] for _, _, row in rows} - self.agents.keys()
-        for (agent_id,) in await self._stored([AGENTS.c.id], AGENTS.c.id, unknown):
-            self.agents[agent_id] = True
+        unknown = {(row["tenant"], row["agent_id"]) for _, _, row in rows} - self.agents.keys()
+        for tenant, agent_id in await self._stored(
+            [AGENTS.c.tenant, AGENTS.c.id], [AGENTS.c.tenant, AGENTS.c.id], unknown
+        ):
+            self.agents[tenant, agent_id] = True
         for where, _, row in rows:
-            if row["agent_id"] not in self.agents:
+            if (row["tenant"], row["agent_id"]) not in self.agents:
                 raise ValidationError(
-                    f"{where}: {table}.agent_id: no agent {row['agent_id']} earlier in the file "
-                    "or in the database"
+                    f"{where}: {table}.agent_id: no agent {row['agent_id']} of {_of(row['tenant'])} "
+                    "earlier in the file or in the database"
                 )
 
     # -- tables ------------------------------------------------------------------------------
 
     async def _agents(self, rows: Pending) -> None:
-        ids = {row["id"] for _, _, row in rows}
+        keys = [(row["tenant"], row["id"]) for _, _, row in rows]
         by_name = {
-            name: agent_id
-            for agent_id, name in await self._stored(
-                [AGENTS.c.id, AGENTS.c.name], AGENTS.c.name, (row["name"] for _, _, row in rows)
+            (tenant, name): agent_id
+            for agent_id, tenant, name in await self._stored(
+                [AGENTS.c.id, AGENTS.c.tenant, AGENTS.c.name],
+                [AGENTS.c.tenant, AGENTS.c.name],
+                ((row["tenant"], row["name"]) for _, _, row in rows),
             )
         }
-        stored = {agent_id for (agent_id,) in await self._stored([AGENTS.c.id], AGENTS.c.id, ids)}
-        for where, _, row in rows:
-            name = row["name"]
+        stored = set(await self._stored([AGENTS.c.tenant, AGENTS.c.id], [AGENTS.c.tenant, AGENTS.c.id], keys))
+        for (where, _, row), key in zip(rows, keys, strict=True):
+            name = (row["tenant"], row["name"])
             if name in self.names:
                 raise ValidationError(
-                    f"{where}: agents.name: {name!r} is taken by the agent on {self.names[name]}"
+                    f"{where}: agents.name: {row['name']!r} is taken by the agent on {self.names[name]}"
                 )
             holder = by_name.get(name)
             if holder is not None and holder != row["id"]:
                 raise ValidationError(
-                    f"{where}: agents.name: the database's agent {holder} is called {name!r}"
+                    f"{where}: agents.name: the database's agent {holder} is called {row['name']!r}"
                 )
             self.names[name] = where
-            self.agents[row["id"]] = row["id"] in stored
+            self.agents[key] = key in stored
 
     async def _embedding_models(self, rows: Pending) -> None:
         await self._require_agents("embedding_models", rows)
-        columns = [EMBEDDING_MODELS.c[name] for name in ("id", "agent_id", "name", "dim", "precision")]
-        owners = {row["agent_id"] for _, _, row in rows if self.agents[row["agent_id"]]}
+        names = ("id", "tenant", "agent_id", "name", "dim", "precision")
+        columns = [EMBEDDING_MODELS.c[name] for name in names]
+        owners = {
+            (row["tenant"], row["agent_id"])
+            for _, _, row in rows
+            if self.agents[row["tenant"], row["agent_id"]]
+        }
         stored = {
-            (agent_id, name): (model_id, (dim, precision))
-            for model_id, agent_id, name, dim, precision in await self._stored(
-                columns, EMBEDDING_MODELS.c.agent_id, owners
+            (tenant, agent_id, name): (model_id, (dim, precision))
+            for model_id, tenant, agent_id, name, dim, precision in await self._stored(
+                columns, [EMBEDDING_MODELS.c.tenant, EMBEDDING_MODELS.c.agent_id], owners
             )
         }
         for where, _, row in rows:
-            key = (row["agent_id"], row["name"])
+            key = (row["tenant"], row["agent_id"], row["name"])
             if key in self.models:
                 raise ValidationError(
-                    f"{where}: embedding_models.name: agent {key[0]} has a model {key[1]!r} already"
+                    f"{where}: embedding_models.name: agent {key[1]} has a model {key[2]!r} already"
                 )
             model_id, shape = stored.get(key, (row["id"], (row["dim"], row["precision"])))
             if model_id != row["id"]:
                 raise ValidationError(
-                    f"{where}: embedding_models.name: the database's model {model_id} of agent {key[0]} "
-                    f"is called {key[1]!r}"
+                    f"{where}: embedding_models.name: the database's model {model_id} of agent {key[1]} "
+                    f"is called {key[2]!r}"
                 )
             self.models[key] = shape
 
     async def _sessions(self, rows: Pending) -> None:
         await self._require_agents("sessions", rows)
-        columns = [SESSIONS.c.id, SESSIONS.c.agent_id, SESSIONS.c.next_seq]
+        columns = [SESSIONS.c.tenant, SESSIONS.c.id, SESSIONS.c.agent_id, SESSIONS.c.next_seq]
         stored = {
-            row[0]: row[1:]
-            for row in await self._stored(columns, SESSIONS.c.id, (r["id"] for _, _, r in rows))
+            (tenant, session_id): (agent_id, next_seq)
+            for tenant, session_id, agent_id, next_seq in await self._stored(
+                columns, [SESSIONS.c.tenant, SESSIONS.c.id], ((r["tenant"], r["id"]) for _, _, r in rows)
+            )
         }
-        keys = {row["key"] for _, _, row in rows if row["key"] is not None and self.agents[row["agent_id"]]}
+        keys = {
+            (row["tenant"], row["agent_id"], row["key"])
+            for _, _, row in rows
+            if row["key"] is not None and self.agents[row["tenant"], row["agent_id"]]
+        }
+        key_columns = [SESSIONS.c.tenant, SESSIONS.c.agent_id, SESSIONS.c.key]
         holders = {
-            (agent_id, key): session_id
-            for session_id, agent_id, key in await self._stored(
-                [SESSIONS.c.id, SESSIONS.c.agent_id, SESSIONS.c.key], SESSIONS.c.key, keys
+            (tenant, agent_id, key): session_id
+            for session_id, tenant, agent_id, key in await self._stored(
+                [SESSIONS.c.id, *key_columns], key_columns, keys
             )
         }
         for where, _, row in rows:
-            agent_id, next_seq = stored.get(row["id"], (row["agent_id"], row["next_seq"]))
+            tenant = row["tenant"]
+            agent_id, next_seq = stored.get((tenant, row["id"]), (row["agent_id"], row["next_seq"]))
             if agent_id != row["agent_id"]:
                 raise ValidationError(
                     f"{where}: sessions.agent_id: the database holds session {row['id']} "
                     f"under agent {agent_id}"
                 )
             if row["key"] is not None:
-                key = (agent_id, row["key"])
+                key = (tenant, agent_id, row["key"])
                 holder = holders.get(key, row["id"])
                 if key in self.keys or holder != row["id"]:
                     taken = self.keys.get(key) or f"the database's session {holder}"
                     raise ValidationError(f"{where}: sessions.key: {row['key']!r} is taken by {taken}")
                 self.keys[key] = where
-            self.chats[row["id"]] = _Chat(agent_id, next_seq, stored=row["id"] in stored)
+            self.chats[tenant, row["id"]] = _Chat(agent_id, next_seq, stored=(tenant, row["id"]) in stored)
 
     async def _messages(self, rows: Pending) -> None:
-        unknown = {row["session_id"] for _, _, row in rows} - self.chats.keys()
-        columns = [SESSIONS.c.id, SESSIONS.c.agent_id, SESSIONS.c.next_seq]
-        for session_id, agent_id, next_seq in await self._stored(columns, SESSIONS.c.id, unknown):
-            self.chats[session_id] = _Chat(agent_id, next_seq, stored=True)
+        unknown = {(row["tenant"], row["session_id"]) for _, _, row in rows} - self.chats.keys()
+        columns = [SESSIONS.c.tenant, SESSIONS.c.id, SESSIONS.c.agent_id, SESSIONS.c.next_seq]
+        for tenant, session_id, agent_id, next_seq in await self._stored(
+            columns, [SESSIONS.c.tenant, SESSIONS.c.id], unknown
+        ):
+            self.chats[tenant, session_id] = _Chat(agent_id, next_seq, stored=True)
         for where, line, row in rows:
-            chat = self.chats.get(row["session_id"])
+            chat = self.chats.get((row["tenant"], row["session_id"]))
             if chat is None:
                 raise ValidationError(
-                    f"{where}: messages.session_id: no session {row['session_id']} earlier in the file "
-                    "or in the database"
+                    f"{where}: messages.session_id: no session {row['session_id']} of {_of(row['tenant'])} "
+                    "earlier in the file or in the database"
                 )
             if row["agent_id"] != chat.agent_id:
                 raise ValidationError(
@@ -234,21 +278,22 @@ class FileCheck:
             chat.seqs.append(row["seq"])
             chat.lines.append(line)
         await self._stored_seqs(
-            [(where, row) for where, _, row in rows if self.chats[row["session_id"]].stored]
+            [(where, row) for where, _, row in rows if self.chats[row["tenant"], row["session_id"]].stored]
         )
 
     async def _stored_seqs(self, rows: list[tuple[str, Values]]) -> None:
         """Refuse new messages whose `seq` another message of the database's session has."""
+        columns = [MESSAGES.c.id, MESSAGES.c.tenant, MESSAGES.c.session_id, MESSAGES.c.seq]
         for chunk in _chunks(rows):
-            wanted = {(row["session_id"], row["seq"]): (where, row["id"]) for where, row in chunk}
-            found = await self._select(
-                sa.select(MESSAGES.c.id, MESSAGES.c.session_id, MESSAGES.c.seq).where(
-                    MESSAGES.c.session_id.in_(sorted({key[0] for key in wanted})),
-                    MESSAGES.c.seq.in_(sorted({key[1] for key in wanted})),
-                )
+            wanted = {
+                (row["tenant"], row["session_id"], row["seq"]): (where, row["id"]) for where, row in chunk
+            }
+            seqs = MESSAGES.c.seq.in_(sorted({key[2] for key in wanted}))
+            found = await self._stored(
+                columns, [MESSAGES.c.tenant, MESSAGES.c.session_id], (key[:2] for key in wanted), seqs
             )
-            for message_id, session_id, seq in found:  # a superset: pairs of one row's session, another's seq
-                where, file_id = wanted.get((session_id, seq), ("", message_id))
+            for message_id, tenant, session_id, seq in found:  # a superset: one row's session, another's seq
+                where, file_id = wanted.get((tenant, session_id, seq), ("", message_id))
                 if file_id != message_id:
                     raise ValidationError(
                         f"{where}: messages.seq: the database's message {message_id} has seq {seq} "
@@ -256,18 +301,21 @@ class FileCheck:
                     )
 
     async def _archival_passages(self, rows: Pending) -> None:
-        unknown = {(row["agent_id"], row["embedding_model"]) for _, _, row in rows} - self.models.keys()
-        columns = [EMBEDDING_MODELS.c[name] for name in ("agent_id", "name", "dim", "precision")]
-        for agent_id, name, dim, precision in await self._stored(
-            columns, EMBEDDING_MODELS.c.agent_id, (key[0] for key in unknown)
+        unknown = {
+            (row["tenant"], row["agent_id"], row["embedding_model"]) for _, _, row in rows
+        } - self.models.keys()
+        columns = [EMBEDDING_MODELS.c[name] for name in ("tenant", "agent_id", "name", "dim", "precision")]
+        for tenant, agent_id, name, dim, precision in await self._stored(
+            columns, [EMBEDDING_MODELS.c.tenant, EMBEDDING_MODELS.c.agent_id], (key[:2] for key in unknown)
         ):
-            self.models.setdefault((agent_id, name), (dim, precision))
+            self.models.setdefault((tenant, agent_id, name), (dim, precision))
         for where, _, row in rows:
-            shape = self.models.get((row["agent_id"], row["embedding_model"]))
+            shape = self.models.get((row["tenant"], row["agent_id"], row["embedding_model"]))
             if shape is None:
                 raise ValidationError(
-                    f"{where}: archival_passages.embedding_model: agent {row['agent_id']} has no model "
-                    f"{row['embedding_model']!r} earlier in the file or in the database"
+                    f"{where}: archival_passages.embedding_model: agent {row['agent_id']} of "
+                    f"{_of(row['tenant'])} has no model {row['embedding_model']!r} earlier in the file "
+                    "or in the database"
                 )
             dim, precision = shape
             vector, half = vector_of(row)

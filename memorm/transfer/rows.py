@@ -2,10 +2,14 @@
 
 Rows are tuples of Python values in the table's column order
 (`column_names`), exactly what the column types return and accept, so a
-row read from one engine is written to the other unchanged.  Ids are UUIDv7 and
-paging runs on `id`: each table is read oldest first, and in the same order
-on both engines (SQLite keeps uuids as 32 hex digits, which sort as Postgres
-sorts `uuid`), which is what lets checksums of the two sides be compared.
+row read from one engine is written to the other unchanged.  A row's key is
+`(tenant, id)`: ids are unique only within a tenant.  Each table is read
+tenant by tenant, tenants in code point order (SQLite's and Postgres' "C"
+collation; a Postgres database's own collation may order text otherwise, so
+the tenants are listed and sorted here), and each tenant's rows by id.  Ids
+are UUIDv7, so that is oldest first, and the same order on both engines
+(SQLite keeps uuids as 32 hex digits, which sort as Postgres sorts `uuid`):
+which is what lets checksums of the two sides be compared.
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from memorm.conflicts import conflict_message, unique_keys
 from memorm.db import Database
 from memorm.driver import fetch, insert_rows
-from memorm.errors import ConflictError
+from memorm.errors import ConflictError, ValidationError
 from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS, fields
 from memorm.progress import Reporter, Silent
+from memorm.transfer.lookup import matching
+from memorm.transfer.scope import Scope, scoped
 from memorm.translate import guarded
 
 __all__ = [
@@ -38,6 +44,7 @@ __all__ = [
     "insert_new",
     "read_batches",
     "table_named",
+    "tenant_index",
 ]
 
 # Parents before children: every foreign key finds its row already written.
@@ -70,88 +77,132 @@ def id_index(table: sa.Table) -> int:
     return column_names(table).index("id")
 
 
+def tenant_index(table: sa.Table) -> int:
+    """Where `tenant` is in a row of `table`."""
+    return column_names(table).index("tenant")
+
+
 @cache
 def _pages(table: sa.Table) -> tuple[sa.Select[Any], sa.Select[Any]]:
-    """The first page's statement and the next pages' (module-level, so `fetch` caches them)."""
+    """One tenant's first page and its next pages (module-level, so `fetch` caches them)."""
     limit = sa.bindparam("limit", type_=sa.Integer)
     columns = fields(table)
-    first = sa.select(*columns).order_by(table.c.id).limit(limit)
-    after = sa.select(*columns).where(table.c.id > sa.bindparam("after")).order_by(table.c.id).limit(limit)
-    return first, after
+    own = table.c.tenant == sa.bindparam("tenant", type_=table.c.tenant.type)
+    first = sa.select(*columns).where(own).order_by(table.c.id).limit(limit)
+    after = own & (table.c.id > sa.bindparam("after", type_=table.c.id.type))
+    return first, sa.select(*columns).where(after).order_by(table.c.id).limit(limit)
 
 
-async def count_rows(db: Database, table: sa.Table) -> int:
-    """How many rows `table` has."""
-    async with db.unit_of_work(read_only=True) as uow, guarded(uow.session):
-        total = await uow.session.scalar(sa.select(sa.func.count()).select_from(table))
+@cache
+def _tenants(table: sa.Table) -> sa.Select[Any]:
+    """The tenants `table` has rows of, one index probe each (a loose index scan, both engines)."""
+    tenant = table.c.tenant
+    found = sa.select(sa.func.min(tenant).label("tenant")).cte("found", recursive=True)
+    following = sa.select(sa.func.min(tenant)).where(tenant > found.c.tenant).scalar_subquery()
+    found = found.union_all(sa.select(following).where(found.c.tenant.is_not(None)))
+    return sa.select(found.c.tenant).where(found.c.tenant.is_not(None))
+
+
+async def _tenants_of(db: Database, table: sa.Table, tenant: Scope) -> list[str]:
+    """The tenants a read of `table` goes through, in code point order."""
+    if tenant is not None:
+        return [tenant]
+    async with scoped(db, None, read_only=True) as uow, guarded(uow.session):
+        return sorted((await uow.session.execute(_tenants(table))).scalars())
+
+
+async def count_rows(db: Database, table: sa.Table, *, tenant: Scope = None) -> int:
+    """How many rows `table` has (of `tenant`; None: of every tenant)."""
+    statement = sa.select(sa.func.count()).select_from(table)
+    if tenant is not None:
+        statement = statement.where(table.c.tenant == tenant)
+    async with scoped(db, tenant, read_only=True) as uow, guarded(uow.session):
+        total = await uow.session.scalar(statement)
     return int(total or 0)
 
 
 async def read_batches(
-    db: Database, table: sa.Table, *, batch_size: int = DEFAULT_BATCH_SIZE
+    db: Database, table: sa.Table, *, tenant: Scope = None, batch_size: int = DEFAULT_BATCH_SIZE
 ) -> AsyncIterator[list[Row]]:
-    """Every row of `table` in id order, `batch_size` rows at a time.
+    """Every row of `table` (of `tenant`; None: of every tenant) in (tenant, id) order, in batches.
 
-    Each page is its own statement (`WHERE id > last ORDER BY id LIMIT n`),
-    so a long read holds no transaction open and memory stays at one batch.
+    Each page is its own statement (`WHERE tenant = t AND id > last ORDER BY
+    id LIMIT n`), so a long read holds no transaction open and memory stays
+    at one batch.  A batch may hold rows of several tenants.
     """
     first, after = _pages(table)
     at = id_index(table)
-    last: uuid.UUID | None = None
-    while True:
-        async with db.unit_of_work(read_only=True) as uow, guarded(uow.session):
-            if last is None:
-                rows = await fetch(uow.session, first, {"limit": batch_size})
-            else:
-                rows = await fetch(uow.session, after, {"after": last, "limit": batch_size})
-        if rows:
-            yield rows
-        if len(rows) < batch_size:
-            return
-        last = rows[-1][at]
+    batch: list[Row] = []
+    for owner in await _tenants_of(db, table, tenant):
+        last: uuid.UUID | None = None
+        while True:
+            wanted = batch_size - len(batch)
+            params: dict[str, Any] = {"tenant": owner, "limit": wanted}
+            async with scoped(db, tenant, read_only=True) as uow, guarded(uow.session):
+                if last is None:
+                    rows = await fetch(uow.session, first, params)
+                else:
+                    rows = await fetch(uow.session, after, {**params, "after": last})
+            batch += rows
+            if len(batch) >= batch_size:
+                yield batch
+                batch = []
+            if len(rows) < wanted:
+                break
+            last = rows[-1][at]
+    if batch:
+        yield batch
 
 
-async def insert_new(db: Database, table: sa.Table, rows: Sequence[Row]) -> int:
-    """Insert the `rows` whose id `db` lacks, in one transaction; how many were new.
+async def insert_new(db: Database, table: sa.Table, rows: Sequence[Row], *, tenant: Scope = None) -> int:
+    """Insert the `rows` whose (tenant, id) `db` lacks, in one transaction; how many were new.
 
-    Existing rows are skipped, not compared: a verification pass (see
-    `memorm.transfer.verify`) tells whether they match.
+    The transaction is a unit of work of `tenant` (None: of every tenant),
+    whose rows alone `rows` may hold.  Existing rows are skipped, not
+    compared: a verification pass (see `memorm.transfer.verify`) tells
+    whether they match.
+
+    Raises:
+        ValidationError: a row of another tenant than `tenant`.
+        ConflictError: a new row takes a unique value (a name, a key) the
+            database holds under another id.
     """
     if not rows:
         return 0
-    at = id_index(table)
-    ids = [row[at] for row in rows]
-    async with db.unit_of_work() as uow:
+    owner, at = tenant_index(table), id_index(table)
+    if tenant is not None and any(row[owner] != tenant for row in rows):
+        raise ValidationError(f"{table.name}: a row of another tenant than {tenant!r}")
+    keys = [(row[owner], row[at]) for row in rows]
+    async with scoped(db, tenant) as uow:
         async with guarded(uow.session):
-            found = set(
-                (await uow.session.execute(sa.select(table.c.id).where(table.c.id.in_(ids)))).scalars()
-            )
-            fresh = [row for row in rows if row[at] not in found] if found else list(rows)
+            found: set[tuple[str, uuid.UUID]] = set()
+            for where in matching([table.c.tenant, table.c.id], keys):
+                query = sa.select(table.c.tenant, table.c.id).where(where)
+                found.update((row_tenant, row_id) for row_tenant, row_id in await uow.session.execute(query))
+            fresh = [row for row, key in zip(rows, keys, strict=True) if key not in found]
             await _refuse_taken(uow.session, table, fresh)
         await insert_rows(uow.session, table, column_names(table), fresh)
     return len(fresh)
 
 
-_CHECKED_PER_QUERY = 1_000  # value tuples per query: well inside both engines' parameter limits
-
-
 async def _refuse_taken(session: AsyncSession, table: sa.Table, rows: Sequence[Row]) -> None:
     """`ConflictError` naming the value if a new row takes a unique value another row holds.
 
-    The destination may hold a row with the same name (or key) under another
-    id; the insert would fail on it without saying which.
+    The destination may hold a row with the same name (or key) in the same
+    tenant under another id; the insert would fail on it without saying
+    which.  Every unique key leads with the tenant, so other tenants' rows
+    never collide.
     """
     names = column_names(table)
     at = id_index(table)
     for columns in unique_keys(table)[1:]:
         where = [names.index(column) for column in columns]
         wanted = {tuple(row[i] for i in where): row[at] for row in rows}
-        wanted.pop(tuple(None for _ in where), None)  # NULLs never collide (a session without a key)
-        keyed = sa.tuple_(*(table.c[column] for column in columns))
-        values = list(wanted)
-        for start in range(0, len(values), _CHECKED_PER_QUERY):
-            chunk = values[start : start + _CHECKED_PER_QUERY]
-            query = sa.select(table.c.id, *(table.c[c] for c in columns)).where(keyed.in_(chunk))
+        for value in [value for value in wanted if None in value]:
+            del wanted[value]  # NULLs never collide (a session without a key)
+        keyed = [table.c[column] for column in columns]
+        for clause in matching(keyed, wanted):
+            query = sa.select(table.c.id, *keyed).where(clause)
             for row_id, *taken in (await session.execute(query)).all():
                 if wanted.get(tuple(taken)) != row_id:
                     said = conflict_message((table.name, columns), dict(zip(columns, taken, strict=True)))

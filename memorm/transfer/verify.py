@@ -1,9 +1,10 @@
 """Checksums of whole tables, computed a batch at a time, and their comparison.
 
 A table's digest is its row count and the SHA-256 of its rows' canonical
-forms (`memorm.transfer.codec.canonical`, which include the id) in id
-order.  Equal digests on two databases mean the same rows with the same
-contents, whichever engines hold them.
+forms (`memorm.transfer.codec.canonical`, which include the tenant and the
+id) in (tenant, id) order, of one tenant or of every tenant.  Equal digests
+on two databases mean the same rows with the same contents, whichever
+engines hold them and whatever else (other tenants) they hold.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sqlalchemy as sa
 from memorm.db import Database
 from memorm.transfer.codec import canonical
 from memorm.transfer.rows import DEFAULT_BATCH_SIZE, TABLES, Reporter, Row, Silent, count_rows, read_batches
+from memorm.transfer.scope import Scope, check_reach, check_scope
 
 __all__ = ["Digester", "TableDigest", "compare_digests", "digest_database", "digest_table"]
 
@@ -31,7 +33,7 @@ class TableDigest:
 
 
 class Digester:
-    """Builds a `TableDigest` from batches of rows fed in id order."""
+    """Builds a `TableDigest` from batches of rows fed in (tenant, id) order."""
 
     def __init__(self, table: sa.Table) -> None:
         self.table = table
@@ -39,7 +41,7 @@ class Digester:
         self._hash = hashlib.sha256()
 
     def add(self, rows: Iterable[Row]) -> None:
-        """Take the next rows (in id order)."""
+        """Take the next rows (in (tenant, id) order)."""
         for row in rows:
             self._hash.update(canonical(self.table, row))
             self._hash.update(b"\n")
@@ -51,25 +53,46 @@ class Digester:
 
 
 async def digest_table(
-    db: Database, table: sa.Table, *, batch_size: int = DEFAULT_BATCH_SIZE, reporter: Reporter | None = None
+    db: Database,
+    table: sa.Table,
+    *,
+    tenant: Scope = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    reporter: Reporter | None = None,
 ) -> TableDigest:
-    """Read `table` of `db` through, one batch at a time; its digest."""
+    """Read `table` of `db` through (`tenant`'s rows; None: every tenant's), a batch at a time; its digest."""
     report = reporter or Silent()
     task = f"verify {table.name}"
-    report.start(task, await count_rows(db, table))
+    report.start(task, await count_rows(db, table, tenant=tenant))
     digester = Digester(table)
-    async for rows in read_batches(db, table, batch_size=batch_size):
+    async for rows in read_batches(db, table, tenant=tenant, batch_size=batch_size):
         digester.add(rows)
         report.advance(task, len(rows))
     return digester.digest()
 
 
 async def digest_database(
-    db: Database, *, batch_size: int = DEFAULT_BATCH_SIZE, reporter: Reporter | None = None
+    db: Database,
+    *,
+    tenant: str | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    reporter: Reporter | None = None,
 ) -> dict[str, TableDigest]:
-    """The digest of each of memorm's tables in `db`, by table name."""
+    """The digest of each of memorm's tables in `db`, by table name.
+
+    Args:
+        tenant: digest that tenant's rows only; None: every tenant's (on
+            Postgres, that needs a role that bypasses row-level security).
+
+    Raises:
+        ValidationError: `tenant` is no tenant name, or is None for a role
+            under row-level security.
+    """
+    scope = check_scope(tenant)
+    await db.check_schema()
+    check_reach(db, scope)
     return {
-        table.name: await digest_table(db, table, batch_size=batch_size, reporter=reporter)
+        table.name: await digest_table(db, table, tenant=scope, batch_size=batch_size, reporter=reporter)
         for table in TABLES
     }
 

@@ -1,7 +1,8 @@
 """The vector store's units of work on an agent's archival passages.
 
-Each function takes the `Database` to use: the caller's own for async
-methods, the sync bridge's private copy for sync ones.
+Each function takes the store's `Database` (a tenant view scopes the work
+to its tenant): async methods await them on the caller's loop, sync ones on
+the sync bridge's loop.
 """
 
 from __future__ import annotations

@@ -1,0 +1,92 @@
+"""Tenants: the owner every row has, and how a unit of work is scoped to one.
+
+A tenant is a non-empty string of at most 128 characters without NUL.
+`"default"` is the tenant of code that names none.  The repositories filter
+every statement by the unit of work's tenant; on Postgres, row-level
+security checks the same thing under them, against the transaction-local
+setting `memorm.tenant` that the unit of work sets when its transaction
+begins (docs/tenancy.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.orm import Session
+from sqlalchemy.util import await_only
+
+from memorm.errors import ValidationError
+
+__all__ = [
+    "DEFAULT_TENANT",
+    "MAX_TENANT",
+    "READ_ONLY_BEGIN",
+    "TENANT",
+    "TENANT_SETTING",
+    "TenantSession",
+    "begin_statement",
+    "check_tenant",
+]
+
+DEFAULT_TENANT = "default"
+TENANT_SETTING = "memorm.tenant"  # the Postgres setting row-level security compares with
+MAX_TENANT = 128  # characters
+
+
+def check_tenant(value: object, field: str = "tenant") -> str:
+    """A tenant name: a non-empty string of at most 128 characters without NUL."""
+    if not isinstance(value, str):
+        raise ValidationError(f"{field}: expected a string, got {type(value).__name__}")
+    if not value:
+        raise ValidationError(f"{field}: must not be empty")
+    if len(value) > MAX_TENANT:
+        raise ValidationError(
+            f"{field}: {len(value):,} characters, more than the {MAX_TENANT} a tenant may have"
+        )
+    if "\x00" in value:
+        raise ValidationError(f"{field}: contains a NUL character")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise ValidationError(f"{field}: contains a lone surrogate, which no database can store") from None
+    return value
+
+
+TENANT = "memorm_tenant"  # Session.info: the tenant each transaction sets on Postgres
+READ_ONLY_BEGIN = "memorm_read_only_begin"  # Session.info: its transactions are READ ONLY
+
+
+def begin_statement(tenant: str, *, read_only: bool) -> str:
+    """`BEGIN` and the tenant's setting, as one simple-protocol message (one round trip).
+
+    The tenant travels hex-encoded (UTF-8), so the statement holds only
+    hex digits from it, whatever characters the name has.
+    """
+    mode = " READ ONLY" if read_only else ""
+    value = f"convert_from(decode('{tenant.encode().hex()}', 'hex'), 'UTF8')"
+    return f"BEGIN ISOLATION LEVEL READ COMMITTED{mode}; SELECT set_config('{TENANT_SETTING}', {value}, true)"
+
+
+class TenantSession(Session):
+    """The unit of work's session: each transaction it begins first sets `memorm.tenant`.
+
+    Only where `info[TENANT]` is set: on Postgres, for a role subject to
+    row-level security.  Such a unit of work's connection runs in the
+    driver's autocommit mode and the unit of work sends `BEGIN` itself,
+    together with `set_config(…, true)`, in one round trip; it ends the
+    transaction with `COMMIT` or `ROLLBACK` itself too (`memorm.uow`).  The
+    setting lasts until the transaction ends, so a pooled connection (or a
+    pgbouncer server connection in transaction mode) never carries one
+    tenant into the next transaction.
+    """
+
+
+@event.listens_for(TenantSession, "after_begin")
+def _set_tenant(session: Session, transaction: Any, connection: sa.Connection) -> None:
+    tenant = session.info.get(TENANT)
+    if tenant is not None:
+        driver = connection.connection.driver_connection
+        statement = begin_statement(tenant, read_only=session.info.get(READ_ONLY_BEGIN, False))
+        await_only(driver.execute(statement))  # type: ignore[union-attr]

@@ -1,0 +1,311 @@
+"""``memorm tenant list|delete`` and ``memorm db create-role``, run in-process on both engines.
+
+``main`` runs its own event loop, so these tests are plain functions that
+build and read their data with ``asyncio.run``.  On Postgres each test gets a
+throwaway database (a URL cannot carry a search_path); the tests of the
+application role connect as one that `memorm db create-role` made, which
+row-level security holds to one tenant.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import asyncpg
+import pytest
+import sqlalchemy as sa
+from cli_run import drawn_progress, memorm, run, usage_error
+from sqlalchemy.engine import make_url
+from tenant_data import FILLED, TABLES, WORDS, fill, rows_of
+
+from memorm import Database
+from memorm.cli import tenant as tenant_cli
+from memorm.tenants import DELETE_BATCH, scram_sha_256
+
+
+async def _upgrade(url: str) -> None:
+    async with Database(url) as db:
+        await db.upgrade()
+
+
+async def _fill(url: str, *tenants: str) -> None:
+    async with Database(url) as db:
+        for tenant in tenants:
+            await fill(db, tenant)
+
+
+async def _rows(url: str, *tenants: str) -> dict[str, dict[str, tuple[int, str]]]:
+    async with Database(url) as db:
+        return {tenant: await rows_of(db, tenant) for tenant in tenants}
+
+
+@pytest.fixture
+def url(plain_url: str) -> str:
+    run(_upgrade(plain_url))
+    return plain_url
+
+
+@pytest.fixture
+def tenants(url: str) -> str:
+    """The database with the same rows (`FILLED`) in tenants acme and globex."""
+    run(_fill(url, "acme", "globex"))
+    return url
+
+
+LISTED = [
+    "tenant  agents  embedding_models  sessions  messages  archival_passages",
+    "acme         2                 3         3         7                  4",
+    "globex       2                 3         3         7                  4",
+]
+
+
+# -- memorm tenant list ------------------------------------------------------------
+
+
+def test_tenant_list_shows_each_tenant_with_its_rows_per_table(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert memorm(capsys, "tenant", "list", "--url", url) == (
+        0,
+        "no tenants: the database holds no rows\n",
+        "",
+    )
+    run(_fill(url, "globex", "acme"))
+    code, out, err = memorm(capsys, "tenant", "list", "--url", url)
+    assert (code, err) == (0, "")
+    assert out.splitlines() == LISTED
+    code, out, _ = memorm(capsys, "tenant", "list", "--json", "--url", url)
+    assert code == 0
+    assert json.loads(out) == {"acme": FILLED, "globex": FILLED}
+
+
+# -- memorm tenant delete ----------------------------------------------------------
+
+DELETED = [
+    "deleted 2 agents",
+    "deleted 3 embedding_models",
+    "deleted 3 sessions",
+    "deleted 7 messages",
+    "deleted 4 archival_passages",
+]
+
+
+def _fts(url: str, word: str) -> int:
+    async def count() -> int:
+        async with Database(url) as db, db.engine.connect() as connection:
+            query = "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH :w"
+            return int(await connection.scalar(sa.text(query), {"w": word}) or 0)
+
+    return run(count())
+
+
+def test_tenant_delete_dry_run_counts_and_changes_nothing(
+    tenants: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = run(_rows(tenants, "acme", "globex"))
+    code, out, err = memorm(capsys, "tenant", "delete", "acme", "--dry-run", "--url", tenants)
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [line.replace("deleted", "would delete") for line in DELETED]
+    assert run(_rows(tenants, "acme", "globex")) == before
+
+
+def test_tenant_delete_removes_every_row_of_the_tenant_and_nothing_of_another(
+    tenants: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(_fill(tenants, "default"))
+    before = run(_rows(tenants, "globex", "default"))
+    sqlite = tenants.startswith("sqlite")
+    if sqlite:
+        assert _fts(tenants, WORDS["acme"]) == 7
+    code, out, err = memorm(capsys, "tenant", "delete", "acme", "--batch-size", "2", "--url", tenants)
+    assert (code, err) == (0, "")
+    assert out.splitlines() == DELETED
+    assert run(_rows(tenants, "acme"))["acme"] == run(_rows(tenants, "nobody"))["nobody"]  # empty tables
+    assert run(_rows(tenants, "globex", "default")) == before
+    if sqlite:  # the full-text index itself holds none of acme's words, and all of the others'
+        assert _fts(tenants, WORDS["acme"]) == 0
+        assert _fts(tenants, WORDS["globex"]) == 7
+    listed = memorm(capsys, "tenant", "list", "--url", tenants)[1].splitlines()
+    assert [line.split() for line in listed[1:]] == [
+        ["default", "2", "3", "3", "7", "4"],
+        ["globex", "2", "3", "3", "7", "4"],
+    ]
+    code, out, _ = memorm(capsys, "tenant", "delete", "acme", "--url", tenants)  # again: nothing there
+    assert (code, out) == (0, "tenant 'acme' has no rows: nothing to delete\n")
+
+
+def test_tenant_delete_reports_progress_per_table(
+    tenants: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bars = drawn_progress(monkeypatch)
+    assert memorm(capsys, "tenant", "delete", "globex", "--batch-size", "1", "--url", tenants)[0] == 0
+    assert {task.description: (task.completed, task.total) for task in bars[0].tasks} == {
+        table: (count, count) for table, count in FILLED.items()
+    }
+
+
+def test_tenant_delete_refuses_bad_names_and_batch_sizes(
+    tenants: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = run(_rows(tenants, "acme"))
+    assert "argument NAME: must not be empty" in usage_error(capsys, "tenant", "delete", "", "--url", tenants)
+    assert "more than the 128" in usage_error(capsys, "tenant", "delete", "x" * 129, "--url", tenants)
+    for size in ("0", "1000001", "ten", "-1", "1.5"):
+        err = usage_error(capsys, "tenant", "delete", "acme", f"--batch-size={size}", "--url", tenants)
+        assert "argument --batch-size: expected a whole number from 1 to 1,000,000" in err, size
+    assert "ACTION" in usage_error(capsys, "tenant", "--url", tenants)
+    assert run(_rows(tenants, "acme")) == before
+
+
+def test_the_tenant_command_states_the_batch_size_delete_tenant_uses() -> None:
+    assert tenant_cli.DEFAULT_BATCH == DELETE_BATCH
+
+
+# -- memorm db create-role and the application role (Postgres) -----------------------
+
+
+def _admin_fetch(url: str, query: str, *args: Any) -> Any:
+    async def fetch() -> Any:
+        dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        connection = await asyncpg.connect(dsn)
+        try:
+            return await connection.fetchrow(query, *args)
+        finally:
+            await connection.close()
+
+    return run(fetch())
+
+
+@pytest.fixture
+def role(url: str) -> Iterator[str]:
+    """A role name, dropped (with its grants in the test's database) afterwards."""
+    name = f"memorm_app_{uuid.uuid4().hex[:10]}"
+    yield name
+
+    async def drop() -> None:
+        dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        connection = await asyncpg.connect(dsn)
+        try:
+            if await connection.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", name):
+                await connection.execute(f'DROP OWNED BY "{name}"')
+                await connection.execute(f'DROP ROLE "{name}"')
+        finally:
+            await connection.close()
+
+    run(drop())
+
+
+def _as(url: str, role: str) -> str:
+    return make_url(url).set(username=role).render_as_string(hide_password=False)
+
+
+async def _tenants_seen(url: str, tenant: str) -> set[str]:
+    async with Database(url) as db, db.unit_of_work(tenant, read_only=True) as uow:
+        seen: set[str] = set()
+        for table in TABLES:
+            seen |= set((await uow.session.execute(sa.select(table.c.tenant).distinct())).scalars())
+        return seen
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("engine", ["postgres"], indirect=True)
+def test_create_role_makes_a_role_row_level_security_holds_to_one_tenant(
+    tenants: str, role: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = memorm(capsys, "db", "create-role", role, "--url", tenants)
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == f"role {role} created: LOGIN NOSUPERUSER NOBYPASSRLS"
+    assert lines[1].startswith("granted: CONNECT on ")
+    code, out, err = memorm(capsys, "db", "create-role", role, "--url", tenants)  # again: fine
+    assert (code, err) == (0, "")
+    assert out.splitlines()[0] == f"role {role} updated: LOGIN NOSUPERUSER NOBYPASSRLS"
+    flags = _admin_fetch(
+        tenants,
+        "SELECT rolsuper, rolbypassrls, rolcanlogin, rolpassword FROM pg_authid WHERE rolname = $1",
+        role,
+    )
+    assert tuple(flags) == (False, False, True, None)
+    app = _as(tenants, role)
+    assert run(_tenants_seen(app, "acme")) == {"acme"}  # raw SQL, yet one tenant
+    assert run(_tenants_seen(app, "globex")) == {"globex"}
+    assert run(_tenants_seen(tenants, "acme")) == {"acme", "globex"}  # the superuser sees all
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("engine", ["postgres"], indirect=True)
+def test_create_role_takes_its_password_from_the_environment_only(
+    url: str, role: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "s3cret-" + uuid.uuid4().hex
+    monkeypatch.delenv("MEMORM_TEST_APP_PASSWORD", raising=False)
+    argv = ["db", "create-role", role, "--password-env", "MEMORM_TEST_APP_PASSWORD", "--url", url]
+    code, out, err = memorm(capsys, *argv)
+    assert (code, out) == (1, "")
+    assert (
+        err == "memorm: error: --password-env: the environment variable MEMORM_TEST_APP_PASSWORD is not set\n"
+    )
+    monkeypatch.setenv("MEMORM_TEST_APP_PASSWORD", "")
+    assert "is empty" in memorm(capsys, *argv)[2]
+    assert _admin_fetch(url, "SELECT 1 FROM pg_roles WHERE rolname = $1", role) is None  # nothing made
+
+    monkeypatch.setenv("MEMORM_TEST_APP_PASSWORD", secret)
+    code, out, err = memorm(capsys, *argv)
+    assert (code, err) == (0, "")
+    assert "password set (sent as a SCRAM-SHA-256 verifier)" in out.splitlines()
+    assert secret not in out
+    found = _admin_fetch(url, "SELECT rolpassword FROM pg_authid WHERE rolname = $1", role)
+    stored = found["rolpassword"]
+    assert secret not in stored  # stored hashed
+    # The verifier Postgres keeps is the one memorm computed: the password itself never went to the server.
+    salt = base64.b64decode(stored.split("$")[1].split(":")[1])
+    assert stored == scram_sha_256(secret, salt=salt)
+    assert "--url" in usage_error(capsys, "db", "create-role", role)  # the admin URL is required
+
+
+def test_create_role_on_sqlite_is_one_line(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    run(_upgrade(url))
+    code, out, err = memorm(capsys, "db", "create-role", "app", "--url", url)
+    assert (code, out) == (1, "")
+    assert err == "memorm: error: create-role is for Postgres: SQLite has no roles\n"
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("engine", ["postgres"], indirect=True)
+def test_the_application_role_runs_one_tenant_and_is_told_so_for_every_tenant(
+    tenants: str, role: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert memorm(capsys, "db", "create-role", role, "--url", tenants)[0] == 0
+    app = _as(tenants, role)
+    for argv in (
+        ["tenant", "list"],
+        ["stats"],
+        ["purge", "--expired"],
+        ["purge", "--older-than", "1d", "--dry-run"],
+        ["forget", "--meta", "tenant=acme"],
+    ):
+        code, out, err = memorm(capsys, *argv, "--url", app)
+        assert (code, out) == (1, ""), argv
+        assert err.startswith(f"memorm: error: `memorm {argv[0]}"), err
+        assert "row-level security" in err
+        assert err.endswith("" if argv[0] == "tenant" else "or give --tenant NAME\n"), err
+        assert len(err.splitlines()) == 1
+    # In one tenant the application role does it all.
+    code, out, err = memorm(capsys, "forget", "--meta", "tenant=acme", "--tenant", "acme", "--url", app)
+    assert (code, err) == (0, "")
+    assert out.splitlines()[0] == "removed 1 agents"
+    code, out, _ = memorm(capsys, "stats", "--tenant", "globex", "--url", app)
+    assert code == 0
+    assert "tenant 'globex'" in out
+    code, out, err = memorm(capsys, "tenant", "delete", "globex", "--url", app)
+    assert (code, err) == (0, "")
+    assert out.splitlines() == DELETED
+    assert memorm(capsys, "tenant", "list", "--url", tenants)[1].splitlines() == [
+        "tenant  agents  embedding_models  sessions  messages  archival_passages",
+        "acme         1                 1         1         2                  2",
+    ]

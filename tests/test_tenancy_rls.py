@@ -1,0 +1,222 @@
+"""Row-level security on Postgres, with the application role `memorm db create-role` makes.
+
+The suite's other Postgres tests connect as a superuser, which Postgres
+exempts from row-level security; these connect as a role that is not,
+so the policies (and the tenant setting each transaction makes) really run.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import pytest
+import sqlalchemy as sa
+from conftest import Store, app_role, asyncpg_dsn
+from sqlalchemy.engine import make_url
+
+from memorm import Database, ValidationError
+from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS
+from memorm.tenants import create_role
+
+pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
+
+TABLES = (AGENTS, EMBEDDING_MODELS, SESSIONS, MESSAGES, PASSAGES)
+
+
+@dataclass
+class Roles:
+    owner: Database  # a superuser: migrations and maintenance
+    app: Database  # the application role: subject to row-level security
+    role: str
+    schema: str
+
+
+@pytest.fixture
+def engine() -> str:
+    return "postgres"
+
+
+@pytest.fixture
+async def roles(store: Store) -> AsyncIterator[Roles]:
+    async with app_role(store) as (owner, app, role):
+        yield Roles(owner, app, role, str(store.schema))
+
+
+async def _fill(db: Database, tenant: str) -> dict[str, Any]:
+    """An agent with a session, two messages and a passage, in `tenant`."""
+    async with db.unit_of_work(tenant) as uow:
+        agent = await uow.agents.create("sam", core_memory={"human": tenant})
+        chat = await uow.sessions.create(agent.id, key="chat")
+        messages = await uow.messages.append(
+            chat.id,
+            [{"role": "user", "content": f"hello from {tenant}"}, {"role": "assistant", "content": "hi"}],
+        )
+        passage = await uow.passages.add(agent.id, f"{tenant} likes tea", [1.0, 0.0])
+    return {
+        "agent": agent.id,
+        "session": chat.id,
+        "messages": [m.id for m in messages],
+        "passage": passage.id,
+    }
+
+
+async def _tenants_seen(db: Database, tenant: str) -> dict[str, set[str]]:
+    """The tenants whose rows raw SQL through `uow.session` sees, per table."""
+    async with db.unit_of_work(tenant, read_only=True) as uow:
+        return {
+            table.name: set((await uow.session.execute(sa.select(table.c.tenant).distinct())).scalars())
+            for table in TABLES
+        }
+
+
+async def test_the_app_role_is_subject_to_row_level_security(roles: Roles) -> None:
+    await _fill(roles.app, "a")  # the app role writes through the policies
+    await _fill(roles.app, "b")
+    assert not roles.app.bypasses_rls
+    assert roles.owner.bypasses_rls
+    assert await _tenants_seen(roles.app, "a") == {table.name: {"a"} for table in TABLES}
+    assert await _tenants_seen(roles.app, "b") == {table.name: {"b"} for table in TABLES}
+    assert await _tenants_seen(roles.owner, "a") == {table.name: {"a", "b"} for table in TABLES}
+
+
+async def test_raw_updates_and_deletes_in_one_tenant_touch_only_its_rows(roles: Roles) -> None:
+    await _fill(roles.app, "a")
+    await _fill(roles.app, "b")
+    async with roles.app.unit_of_work("a") as uow:
+        for table in TABLES:
+            changed = await uow.session.execute(sa.update(table).values(meta={"touched": True}))
+            assert changed.rowcount >= 1  # type: ignore[attr-defined]
+        deleted = await uow.session.execute(sa.delete(MESSAGES))
+        assert deleted.rowcount == 2  # type: ignore[attr-defined]
+    async with roles.owner.unit_of_work(read_only=True, all_tenants=True) as uow:
+        for table in TABLES:
+            rows = (await uow.session.execute(sa.select(table.c.tenant, table.c.meta))).all()
+            assert {(tenant, meta == {"touched": True}) for tenant, meta in rows} <= {
+                ("a", True),
+                ("b", False),
+            }
+        left = (await uow.session.execute(sa.select(MESSAGES.c.tenant))).scalars().all()
+        assert sorted(left) == ["b", "b"]
+
+
+async def test_raw_inserts_land_in_the_unit_of_works_tenant_and_cannot_name_another(roles: Roles) -> None:
+    ids = await _fill(roles.app, "a")
+    row = {
+        "id": uuid.uuid4(),
+        "created_at": sa.func.now(),
+        "updated_at": sa.func.now(),
+        "meta": {},
+        "name": "raw",
+        "system": "",
+        "core_memory": {},
+        "llm_config": {},
+        "version": 1,
+        "archive_version": 0,
+    }
+    async with roles.app.unit_of_work("a") as uow:  # no tenant given: the server default is the setting
+        await uow.session.execute(sa.insert(AGENTS).values(row))
+    with pytest.raises(sa.exc.DBAPIError, match="row-level security"):  # raw SQL: SQLAlchemy's error
+        async with roles.app.unit_of_work("a") as uow:
+            await uow.session.execute(sa.insert(AGENTS).values({**row, "id": uuid.uuid4(), "tenant": "b"}))
+    with pytest.raises(sa.exc.DBAPIError, match="row-level security"):  # raw SQL: SQLAlchemy's error
+        async with roles.app.unit_of_work("a") as uow:  # moving a row to another tenant
+            await uow.session.execute(sa.update(AGENTS).where(AGENTS.c.id == ids["agent"]).values(tenant="b"))
+    async with roles.owner.unit_of_work(read_only=True, all_tenants=True) as uow:
+        found = (await uow.session.execute(sa.select(AGENTS.c.tenant, AGENTS.c.name))).all()
+    assert sorted(found) == [("a", "raw"), ("a", "sam")]
+
+
+async def test_a_connection_with_no_tenant_set_sees_nothing_and_writes_nothing(roles: Roles) -> None:
+    await _fill(roles.app, "a")
+    connection = await asyncpg.connect(
+        make_url(asyncpg_dsn()).set(username=roles.role).render_as_string(hide_password=False),
+        server_settings={"search_path": f"{roles.schema},public"},
+    )
+    try:
+        for table in TABLES:
+            assert await connection.fetchval(f"SELECT count(*) FROM {table.name}") == 0
+        assert await connection.fetchval("SELECT count(*) FROM agents WHERE tenant = 'a'") == 0
+        with pytest.raises(asyncpg.PostgresError):  # NOT NULL: the default is the unset setting
+            await connection.execute(
+                "INSERT INTO agents (id, created_at, updated_at, meta, name, system, core_memory, "
+                "llm_config, version, archive_version) VALUES (gen_random_uuid(), now(), now(), "
+                "'{}', 'x', '', '{}', '{}', 1, 0)"
+            )
+        with pytest.raises(asyncpg.PostgresError, match="row-level security"):
+            await connection.execute(
+                "INSERT INTO agents (tenant, id, created_at, updated_at, meta, name, system, core_memory, "
+                "llm_config, version, archive_version) VALUES ('a', gen_random_uuid(), now(), now(), "
+                "'{}', 'x', '', '{}', '{}', 1, 0)"
+            )
+        # After a unit of work's transaction, its tenant is gone from the connection.
+        async with connection.transaction():
+            await connection.execute("SELECT set_config('memorm.tenant', 'a', true)")
+            assert await connection.fetchval("SELECT count(*) FROM agents") == 1
+        assert await connection.fetchval("SELECT count(*) FROM agents") == 0
+    finally:
+        await connection.close()
+
+
+async def test_all_tenants_needs_a_role_that_bypasses_row_level_security(roles: Roles) -> None:
+    await _fill(roles.app, "a")
+    with pytest.raises(ValidationError, match="bypasses row-level security"):
+        async with roles.app.unit_of_work(all_tenants=True):
+            pass
+    async with roles.owner.unit_of_work(all_tenants=True, read_only=True) as uow:
+        assert (await uow.session.execute(sa.select(sa.func.count()).select_from(AGENTS))).scalar() == 1
+
+
+async def test_one_pooled_connection_alternating_tenants_never_shows_another(roles: Roles) -> None:
+    app = roles.app.clone(pool_size=1, max_overflow=0)
+    try:
+        ids = {tenant: await _fill(app, tenant) for tenant in ("a", "b")}
+        for turn in range(1_000):
+            tenant = "ab"[turn % 2]
+            read_only = turn % 4 < 2
+            async with app.unit_of_work(tenant, read_only=read_only) as uow:
+                seen = set((await uow.session.execute(sa.select(AGENTS.c.tenant))).scalars())
+                assert seen == {tenant}
+                window = await uow.messages.window(ids[tenant]["session"])
+                assert [m.content for m in window] == [f"hello from {tenant}", "hi"]
+                other = ids["ba"[turn % 2]]["session"]
+                assert (
+                    await uow.session.execute(sa.select(SESSIONS.c.id).where(SESSIONS.c.id == other))
+                ).all() == []
+    finally:
+        await app.dispose()
+
+
+async def test_create_role_is_idempotent_and_refuses_the_tables_owner(roles: Roles) -> None:
+    done = await create_role(roles.owner, roles.role)
+    assert done[0].startswith(f"role {roles.role} updated")
+    admin = await asyncpg.connect(asyncpg_dsn())
+    try:
+        flags = await admin.fetchrow(
+            "SELECT rolsuper, rolbypassrls, rolcanlogin FROM pg_roles WHERE rolname = $1", roles.role
+        )
+        owner = await admin.fetchval(
+            "SELECT tableowner FROM pg_tables WHERE tablename = 'agents' AND schemaname = $1", roles.schema
+        )
+    finally:
+        await admin.close()
+    assert tuple(flags) == (False, False, True)
+    with pytest.raises(ValidationError, match="owns memorm's tables"):
+        await create_role(roles.owner, owner)
+
+
+async def test_all_tenants_works_for_a_superuser_after_create_all(store: Store) -> None:
+    db = store.database()
+    await db.create_all()  # as conftest's `db` fixture does
+    try:
+        await _fill(db, "a")
+        await _fill(db, "b")
+        async with db.unit_of_work(read_only=True, all_tenants=True) as uow:
+            tenants = set((await uow.session.execute(sa.select(AGENTS.c.tenant))).scalars())
+        assert tenants == {"a", "b"}
+        assert db.bypasses_rls
+    finally:
+        await db.dispose()
