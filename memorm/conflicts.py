@@ -24,6 +24,7 @@ Key = tuple[str, tuple[str, ...]]  # (table, columns) of a unique constraint or 
 # (table, columns) -> (with the values, without them)
 _SAID: dict[Key, tuple[str, str]] = {
     ("agents", ("name",)): ("an agent named {name!r} exists", "an agent with this name exists"),
+    ("agent_names", ("name",)): ("an agent named {name!r} exists", "an agent with this name exists"),
     ("sessions", ("agent_id", "key")): (
         "agent {agent_id} has a session with key {key!r}",
         "the agent has a session with this key",
@@ -32,7 +33,7 @@ _SAID: dict[Key, tuple[str, str]] = {
         "agent {agent_id} has an embedding model named {name!r}",
         "the agent has an embedding model with this name",
     ),
-    ("messages", ("session_id", "seq")): (
+    ("messages", ("agent_id", "session_id", "seq")): (
         "session {session_id} has a message numbered {seq}",
         "the session has a message with this number",
     ),
@@ -110,7 +111,7 @@ def conflict_message(key: Key | None, values: Mapping[str, Any] | None = None) -
         return "a unique value is already taken"
     table, columns = key[0], tuple(column for column in key[1] if column != "tenant")
     key = (table, columns)
-    if columns == ("id",):
+    if columns in (("id",), ("id", "agent_id")):  # an agent's rows are keyed by (id, agent_id)
         noun = _NOUNS.get(table, f"a row of {table}")
         return f"{noun} with id {values['id']} exists" if values else f"{noun} with this id exists"
     with_values, without = _SAID.get(key, (None, f"a unique value of {table} is already taken"))

@@ -299,6 +299,15 @@ class Database:
         await create_all(self)
         self._schema_ok = True
 
+    async def distribute(self) -> list[str]:
+        """On a Citus coordinator, distribute memorm's tables by agent; what was done (idempotent).
+
+        See [`memorm.distribute.distribute`][memorm.distribute.distribute] and docs/scaling.md.
+        """
+        from memorm.distribute import distribute
+
+        return await distribute(self)
+
     async def upgrade(self, revision: str = "head") -> None:
         """Migrate the schema to `revision` (alembic `upgrade`)."""
         from memorm.migrate import upgrade

@@ -27,6 +27,7 @@ from memorm.types import JSONType, SearchWords, UTCDateTime, UUIDType, VectorTyp
 
 __all__ = [
     "AGENTS",
+    "AGENT_NAMES",
     "EMBEDDING_MODELS",
     "MESSAGES",
     "PASSAGES",
@@ -34,6 +35,7 @@ __all__ = [
     "SEARCH_WORDS",
     "SESSIONS",
     "Agent",
+    "AgentName",
     "ArchivalPassage",
     "EmbeddingModel",
     "MemormModel",
@@ -126,8 +128,8 @@ def _agent_key(table: str) -> sa.ForeignKeyConstraint:
 # An agent: its identity, system prompt and core memory (label -> text).
 class Agent(_Row, table=True):
     __tablename__ = "agents"
-    __table_args__ = (sa.UniqueConstraint("tenant", "name"),)  # names are unique per tenant
 
+    # Unique per tenant: `agent_names` holds the names and enforces it.
     name: str = Field(sa_type=sa.Text, nullable=False)
     system: str = Field(default="", sa_type=sa.Text, nullable=False)
     core_memory: dict[str, str] = Field(default_factory=dict, sa_type=JSONType, nullable=False)
@@ -137,6 +139,27 @@ class Agent(_Row, table=True):
     archive_version: int = Field(default=0, nullable=False)
     # Seconds a new session of the agent lives (its default ``expires_at``); None: forever.
     retention: int | None = Field(default=None, sa_type=sa.BigInteger)
+
+
+# The agents' names, unique per tenant: the one key of an agent that is not its id.
+# Agents are sharded by id on a distributed database, where a unique index on the
+# name could not hold; this small table can (a Citus reference table).
+class AgentName(MemormModel, table=True):
+    __tablename__ = "agent_names"
+    __table_args__ = (sa.Index(None, "tenant", "agent_id"),)
+
+    tenant: str = Field(
+        default=DEFAULT_TENANT,
+        primary_key=True,
+        sa_type=sa.Text,
+        sa_column_kwargs={"server_default": CurrentTenant(), "default": None},
+    )
+    name: str = Field(primary_key=True, sa_type=sa.Text)
+    agent_id: uuid.UUID = Field(sa_type=UUIDType, nullable=False)
+
+
+# The rows below belong to one agent, and their keys say so: the primary key is
+# (tenant, id, agent_id), so a distributed database can shard them by agent.
 
 
 # A conversation of one agent; ``next_seq`` hands out its messages' sequence numbers.
@@ -151,7 +174,7 @@ class Session(_Row, table=True):
         sa.Index(None, "expires_at"),
     )
 
-    agent_id: uuid.UUID = Field(sa_type=UUIDType, nullable=False)
+    agent_id: uuid.UUID = Field(sa_type=UUIDType, primary_key=True)
     title: str | None = Field(default=None, sa_type=sa.Text)
     key: str | None = Field(default=None, sa_type=sa.Text)
     next_seq: int = Field(default=1, nullable=False)
@@ -164,12 +187,12 @@ class Message(_Row, table=True):
     __tablename__ = "messages"
     __table_args__ = (
         sa.ForeignKeyConstraint(
-            ["tenant", "session_id"],
-            ["sessions.tenant", "sessions.id"],
+            ["tenant", "session_id", "agent_id"],
+            ["sessions.tenant", "sessions.id", "sessions.agent_id"],
             name="fk_messages_session_id_sessions",
             ondelete="CASCADE",
         ),
-        sa.UniqueConstraint("tenant", "session_id", "seq"),
+        sa.UniqueConstraint("tenant", "agent_id", "session_id", "seq"),
         sa.Index(None, "tenant", "agent_id", "created_at"),
         sa.CheckConstraint("role IN ('system', 'user', 'assistant', 'tool')", name="role"),
         # OpenAI's assistant messages that only call tools have no content (None).
@@ -177,7 +200,7 @@ class Message(_Row, table=True):
     )
 
     session_id: uuid.UUID = Field(default=None, sa_type=UUIDType, nullable=False)
-    agent_id: uuid.UUID = Field(default=None, sa_type=UUIDType, nullable=False)
+    agent_id: uuid.UUID = Field(default=None, sa_type=UUIDType, primary_key=True)
     seq: int = Field(default=None, nullable=False)
     role: Role = Field(sa_type=sa.String(16), nullable=False)
     content: str | None = Field(default="", sa_type=sa.Text, nullable=True)
@@ -197,7 +220,7 @@ class ArchivalPassage(_Row, table=True):
         sa.CheckConstraint("(embedding IS NULL) <> (embedding_half IS NULL)", name="one_embedding"),
     )
 
-    agent_id: uuid.UUID = Field(sa_type=UUIDType, nullable=False)
+    agent_id: uuid.UUID = Field(sa_type=UUIDType, primary_key=True)
     text: str = Field(sa_type=sa.Text, nullable=False)
     # Full precision; None when the model stores half precision (``embedding_half``).
     embedding: list[float] | None = Field(default=None, sa_type=VectorType)
@@ -221,7 +244,7 @@ class EmbeddingModel(_Row, table=True):
         sa.CheckConstraint("precision IN ('float32', 'float16')", name="precision"),
     )
 
-    agent_id: uuid.UUID = Field(sa_type=UUIDType, nullable=False)
+    agent_id: uuid.UUID = Field(sa_type=UUIDType, primary_key=True)
     name: str = Field(sa_type=sa.Text, nullable=False)
     dim: int = Field(nullable=False)
     precision: str = Field(default="float32", sa_type=sa.String(8), nullable=False)
@@ -233,6 +256,7 @@ SESSIONS: sa.Table = Session.__table__  # type: ignore[attr-defined]
 MESSAGES: sa.Table = Message.__table__  # type: ignore[attr-defined]
 PASSAGES: sa.Table = ArchivalPassage.__table__  # type: ignore[attr-defined]
 EMBEDDING_MODELS: sa.Table = EmbeddingModel.__table__  # type: ignore[attr-defined]
+AGENT_NAMES: sa.Table = AgentName.__table__  # type: ignore[attr-defined]
 
 # Derived columns: the words full-text search indexes (``memorm.types.SearchWords``),
 # computed from the text on every write.  Table columns, not model fields: callers

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS
+from memorm.models import AGENT_NAMES, AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS
 from memorm.tenancy import TENANT_SETTING
 
 __all__ = ["POLICY", "TENANT_TABLES", "policy_statements"]
 
 POLICY = "memorm_tenant"
-TENANT_TABLES: tuple[sa.Table, ...] = (AGENTS, SESSIONS, MESSAGES, PASSAGES, EMBEDDING_MODELS)
+TENANT_TABLES: tuple[sa.Table, ...] = (AGENTS, AGENT_NAMES, SESSIONS, MESSAGES, PASSAGES, EMBEDDING_MODELS)
 _OWN = f"tenant = current_setting('{TENANT_SETTING}', true)"
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from memorm.errors import ValidationError
-from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS
+from memorm.models import AGENT_NAMES, AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS
 from memorm.progress import Reporter, Silent
 from memorm.search.fts_ddl import FTS_INDEXES
 from memorm.search.text import merge_deleted
@@ -97,6 +97,9 @@ async def delete_tenant(
             report.advance(table.name, done)
             if done < size:
                 break
+    async with view.unit_of_work() as uow:  # the agents' names, with the agents gone
+        with translating():
+            await uow.session.execute(sa.delete(AGENT_NAMES).where(AGENT_NAMES.c.tenant == owner))
     db.vector_cache.evict_tenant(owner)
     if db.dialect == "sqlite" and (deleted["messages"] or deleted["archival_passages"]):
         async with view.unit_of_work() as uow:
@@ -191,7 +194,7 @@ async def create_role(db: Database, role: str, *, password: str | None = None) -
             database = await connection.scalar(sa.text("SELECT current_database()"))
             await run("GRANT CONNECT ON DATABASE %I TO %I", database, name)
             await run("GRANT USAGE ON SCHEMA %I TO %I", schema, name)
-            for table in _TABLES:
+            for table in (*_TABLES, AGENT_NAMES):
                 await run("GRANT SELECT, INSERT, UPDATE, DELETE ON %I.%I TO %I", schema, table.name, name)
             await run("GRANT SELECT ON %I.alembic_version TO %I", schema, name)
             await run(
@@ -203,7 +206,8 @@ async def create_role(db: Database, role: str, *, password: str | None = None) -
             )
             done.append(
                 f"granted: CONNECT on {database}, USAGE on schema {schema}, SELECT/INSERT/UPDATE/DELETE "
-                f"on {', '.join(t.name for t in _TABLES)} (and on tables {owner} creates later), "
+                f"on {', '.join(t.name for t in (*_TABLES, AGENT_NAMES))} "
+                f"(and on tables {owner} creates later), "
                 "SELECT on alembic_version"
             )
     return done

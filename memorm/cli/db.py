@@ -1,4 +1,4 @@
-"""`memorm db upgrade|downgrade|current|check`: the schema's migrations; `memorm db create-role`."""
+"""`memorm db upgrade|downgrade|current|check`: the schema's migrations; `db create-role`, `db distribute`."""
 
 from __future__ import annotations
 
@@ -54,6 +54,16 @@ async def _create_role(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _distribute(args: argparse.Namespace) -> int:
+    from memorm.cli.reach import open_database
+
+    async with open_database(args.url) as db:
+        done = await db.distribute()
+    for line in done or ["already distributed: nothing to do"]:
+        print(line)
+    return 0
+
+
 def register(commands: Any) -> None:
     db = commands.add_parser("db", help="schema migrations")
     actions = db.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -69,7 +79,12 @@ def register(commands: Any) -> None:
     current.set_defaults(handler=_current)
     check = actions.add_parser("check", help="exit 1 if the schema is behind head or drifts from the models")
     check.set_defaults(handler=_check)
-    for action in (upgrade, downgrade, current, check):
+    distribute = actions.add_parser(
+        "distribute",
+        help="Citus: distribute memorm's tables by agent (after db upgrade; safe to run again)",
+    )
+    distribute.set_defaults(handler=_distribute)
+    for action in (upgrade, downgrade, current, check, distribute):
         action.add_argument("--url", help="database URL")
     role = actions.add_parser(
         "create-role",

@@ -10,7 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from memorm.errors import ConflictError, NotFoundError, ValidationError
-from memorm.models import AGENTS, MESSAGES, PASSAGES, SESSIONS, Agent
+from memorm.models import AGENT_NAMES, AGENTS, MESSAGES, PASSAGES, SESSIONS, Agent, AgentName
 from memorm.page import Page
 from memorm.repositories.base import Repository
 from memorm.repositories.message_retention import with_answers
@@ -104,6 +104,7 @@ class AgentRepository(Repository):
         )
         async with self._savepoint({"name": agent.name}):
             self.session.add(agent)
+            self.session.add(AgentName(tenant=agent.tenant, name=agent.name, agent_id=agent.id))
             await self.session.flush()
         return agent
 
@@ -118,8 +119,16 @@ class AgentRepository(Repository):
 
     async def get_by_name(self, name: str) -> Agent | None:
         """The agent called `name`, or None."""
+        # The name's row first: on a distributed database it is one lookup, and the
+        # agent is then read on its own shard.
+        named = sa.select(AGENT_NAMES.c.agent_id).where(
+            *self._own(AGENT_NAMES), AGENT_NAMES.c.name == check_text(name, "name")
+        )
+        agent_id = await self._scalar(named)
+        if agent_id is None:
+            return None
         agent: Agent | None = await self._scalar(
-            sa.select(Agent).where(AGENTS.c.name == check_text(name, "name"), *self._own(AGENTS))
+            sa.select(Agent).where(AGENTS.c.id == agent_id, *self._own(AGENTS))
         )
         return agent
 
@@ -184,6 +193,12 @@ class AgentRepository(Repository):
             statement = statement.where(AGENTS.c.version == version)
         async with self._savepoint(values):  # a rename may take a name in use
             agent: Agent | None = (await self.session.execute(statement)).scalars().first()
+            if agent is not None and "name" in values:
+                await self.session.execute(
+                    sa.update(AGENT_NAMES)
+                    .where(*self._own(AGENT_NAMES), AGENT_NAMES.c.agent_id == key)
+                    .values(name=values["name"])
+                )
         if agent is None:
             exists = await self._scalar(
                 sa.select(AGENTS.c.version).where(AGENTS.c.id == key, *self._own(AGENTS))
@@ -204,6 +219,9 @@ class AgentRepository(Repository):
         )
         if deleted == 0:
             raise NotFoundError(f"no agent {key}")
+        await self._execute(
+            sa.delete(AGENT_NAMES).where(*self._own(AGENT_NAMES), AGENT_NAMES.c.agent_id == key)
+        )
 
     async def forget(self, where: Filter, *, dry_run: bool = False) -> Removed:
         """Erase every agent, session, message and passage whose `meta` matches `where`.
@@ -286,6 +304,9 @@ class AgentRepository(Repository):
             if doomed
             else 0,
         )
+        if doomed:
+            names = sa.tuple_(AGENT_NAMES.c.tenant, AGENT_NAMES.c.agent_id).in_(doomed)
+            await self._execute(sa.delete(AGENT_NAMES).where(*scope(AGENT_NAMES), names))
         for index, count in ((MESSAGES_FTS, removed.messages), (PASSAGES_FTS, removed.passages)):
             if count:
                 await merge_deleted(self.session, index)

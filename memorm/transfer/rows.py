@@ -26,7 +26,7 @@ from memorm.conflicts import conflict_message, unique_keys
 from memorm.db import Database
 from memorm.driver import fetch, insert_rows
 from memorm.errors import ConflictError, ValidationError
-from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS, fields
+from memorm.models import AGENT_NAMES, AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS, fields
 from memorm.progress import Reporter, Silent
 from memorm.transfer.lookup import matching
 from memorm.transfer.scope import Scope, scoped
@@ -182,6 +182,10 @@ async def insert_new(db: Database, table: sa.Table, rows: Sequence[Row], *, tena
             fresh = [row for row, key in zip(rows, keys, strict=True) if key not in found]
             await _refuse_taken(uow.session, table, fresh)
         await insert_rows(uow.session, table, column_names(table), fresh)
+        if table is AGENTS and fresh:  # the agents' names are kept (unique) in agent_names
+            name = column_names(AGENTS).index("name")
+            named = [(row[owner], row[name], row[at]) for row in fresh]
+            await insert_rows(uow.session, AGENT_NAMES, ("tenant", "name", "agent_id"), named)
     return len(fresh)
 
 
@@ -195,6 +199,16 @@ async def _refuse_taken(session: AsyncSession, table: sa.Table, rows: Sequence[R
     """
     names = column_names(table)
     at = id_index(table)
+    if table is AGENTS:  # names are unique per tenant in agent_names
+        owner, name = names.index("tenant"), names.index("name")
+        wanted_names = {(row[owner], row[name]): row[at] for row in rows}
+        keyed_names = [AGENT_NAMES.c.tenant, AGENT_NAMES.c.name]
+        for clause in matching(keyed_names, wanted_names):
+            query = sa.select(AGENT_NAMES.c.agent_id, *keyed_names).where(clause)
+            for agent_id, row_tenant, taken in (await session.execute(query)).all():
+                if wanted_names.get((row_tenant, taken)) != agent_id:
+                    said = conflict_message(("agents", ("name",)), {"name": taken})
+                    raise ConflictError(f"{said} in the destination, under another id")
     for columns in unique_keys(table)[1:]:
         where = [names.index(column) for column in columns]
         wanted = {tuple(row[i] for i in where): row[at] for row in rows}

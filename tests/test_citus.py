@@ -1,0 +1,217 @@
+"""memorm on a Citus cluster (distributed Postgres): a coordinator and two workers.
+
+The cluster comes from ../shared/recipes/citus-cluster (`.ci/run` starts it);
+each test gets a database of its own on every node (`citus-cluster newdb`).
+Without a cluster these tests skip, and fail instead under
+MEMORM_REQUIRE_CITUS=1 (as in `.ci/run`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+import sqlalchemy as sa
+
+from memorm import Database, ValidationError
+from memorm.distribute import DISTRIBUTION, is_distributed
+from tests.conftest import throwaway_postgres
+
+pytestmark = [pytest.mark.anyio, pytest.mark.citus]
+
+REQUIRE_CITUS = os.environ.get("MEMORM_REQUIRE_CITUS") == "1"
+RECIPE = Path(__file__).resolve().parents[2] / "shared" / "recipes" / "citus-cluster"
+_ALT_RECIPE = Path("/work/shared/recipes/citus-cluster")
+
+
+def _recipe() -> Path | None:
+    for candidate in (RECIPE, _ALT_RECIPE):
+        if candidate.is_file():
+            return candidate
+    found = shutil.which("citus-cluster")
+    return Path(found) if found else None
+
+
+async def _reachable(dsn: str) -> str | None:
+    try:
+        connection = await asyncpg.connect(dsn, timeout=5)
+    except Exception as error:
+        return f"the Citus coordinator is unreachable: {error}"
+    try:
+        if await connection.fetchval("SELECT 1 FROM pg_available_extensions WHERE name = 'citus'") is None:
+            return "the Citus coordinator has no citus extension"
+    finally:
+        await connection.close()
+    return None
+
+
+@pytest.fixture
+def citus_url() -> Iterator[str]:
+    """A fresh database on every node of the local cluster (`citus-cluster newdb`), dropped afterwards."""
+    recipe = _recipe()
+    reason = None if recipe is not None else "no citus-cluster recipe"
+    if reason is None:
+        reason = asyncio.run(_reachable("postgresql://root@127.0.0.1:5433/postgres"))
+    if reason is not None:
+        if REQUIRE_CITUS:
+            pytest.fail(f"MEMORM_REQUIRE_CITUS=1 but {reason}")
+        pytest.skip(reason)
+    assert recipe is not None
+    name = f"memorm_c_{uuid.uuid4().hex[:10]}"
+    made = subprocess.run([str(recipe), "newdb", name], capture_output=True, text=True, check=True)
+    url = made.stdout.strip().splitlines()[-1]
+    try:
+        yield url
+    finally:
+        subprocess.run([str(recipe), "dropdb", name], capture_output=True, check=False)
+
+
+@pytest.fixture
+async def cluster(citus_url: str) -> AsyncIterator[Database]:
+    db = Database(citus_url)
+    try:
+        await db.upgrade()
+        await db.distribute()
+        yield db
+    finally:
+        await db.dispose()
+
+
+async def test_distribute_is_idempotent_and_puts_every_table_in_place(citus_url: str) -> None:
+    async with Database(citus_url) as db:
+        await db.upgrade()
+        assert not await is_distributed(db)
+        done = await db.distribute()
+        assert done == [
+            f"{table.name}: reference table" if column is None else f"{table.name}: distributed by {column}"
+            for table, column in DISTRIBUTION
+        ]
+        assert await db.distribute() == []
+        assert await is_distributed(db)
+        async with db.engine.connect() as connection:
+            rows = await connection.execute(
+                sa.text(
+                    "SELECT logicalrelid::regclass::text, partmethod, "
+                    "column_to_column_name(logicalrelid, partkey), colocationid FROM pg_dist_partition"
+                )
+            )
+            found = {name: (method, column, group) for name, method, column, group in rows}
+    groups = {found[table.name][2] for table, column in DISTRIBUTION if column is not None}
+    assert len(groups) == 1  # colocated: an agent's rows of every table on one shard
+    assert found["agent_names"][0] in ("n", b"n")  # a reference table ("char" comes back as bytes)
+    assert {name: column for name, (_, column, _) in found.items() if name != "agent_names"} == {
+        "agents": "id",
+        "embedding_models": "agent_id",
+        "sessions": "agent_id",
+        "messages": "agent_id",
+        "archival_passages": "agent_id",
+    }
+
+
+@pytest.mark.postgres
+def test_distribute_refuses_a_database_without_citus() -> None:
+    async def refused(url: str) -> None:
+        async with Database(url) as db:
+            await db.upgrade()
+            with pytest.raises(ValidationError, match="no Citus"):
+                await db.distribute()
+
+    with throwaway_postgres("memorm_nocitus") as url:  # plain Postgres, upgraded
+        asyncio.run(refused(url))
+
+
+async def test_the_chat_path_and_archival_memory_work_on_the_cluster(cluster: Database) -> None:
+    async with cluster.unit_of_work() as uow:
+        agent = await uow.agents.create("sam", core_memory={"persona": "terse"})
+        chat = await uow.sessions.create(agent.id, key="chat")
+        await uow.messages.append(chat.id, {"role": "system", "content": "You are Sam."})
+        await uow.messages.append(
+            chat.id, [{"role": "user", "content": f"note {i} about cycling"} for i in range(100)]
+        )
+        await uow.passages.add_many(
+            agent.id, [{"text": f"fact {i} about tea", "embedding": [1.0, float(i), 0.5]} for i in range(70)]
+        )
+    async with cluster.unit_of_work() as uow:
+        await uow.agents.update_core_memory(agent.id, "human", "Ada")
+        assert await uow.messages.trim(chat.id, keep_last=50) == 50
+        popped = await uow.messages.pop(chat.id)
+        assert popped is not None
+        assert popped.content == "note 99 about cycling"
+    async with cluster.unit_of_work(read_only=True) as uow:
+        window = await uow.messages.window(chat.id, limit=3)
+        assert [m.content for m in window] == [f"note {i} about cycling" for i in (96, 97, 98)]
+        context = await uow.messages.context(chat.id, max_tokens=60)
+        assert context[0].role == "system"
+        assert (await uow.messages.search(agent.id, "cycling")).total == 49
+        assert (await uow.passages.search_text(agent.id, "tea")).total == 70
+        [best] = await uow.passages.search(agent.id, [1.0, 3.0, 0.5], k=1, metric="l2")
+        assert best.passage.text == "fact 3 about tea"
+        hybrid = await uow.passages.hybrid_search(agent.id, "fact 5", [1.0, 5.0, 0.5], k=1)
+        assert hybrid[0].passage.text == "fact 5 about tea"
+        assert (await uow.agents.get_by_name("sam")) is not None
+        assert (await uow.agents.get(agent.id)).core_memory == {"persona": "terse", "human": "Ada"}
+    assert (await cluster.delete_tenant("default"))["messages"] == 50
+
+
+async def test_sixty_agents_spread_over_both_workers(cluster: Database) -> None:
+    agents = []
+    for n in range(60):
+        async with cluster.unit_of_work() as uow:
+            agent = await uow.agents.create(f"agent-{n}")
+            chat = await uow.sessions.create(agent.id)
+            await uow.messages.append(chat.id, [{"role": "user", "content": f"hello {n}"}])
+            agents.append(agent.id)
+    connection = await asyncpg.connect(
+        cluster.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    )
+    try:
+        ports = await connection.fetch(
+            """
+            SELECT n.nodeport, count(*) FROM unnest($1::uuid[]) AS a(id)
+            JOIN pg_dist_placement p ON p.shardid = get_shard_id_for_distribution_column('messages', a.id)
+            JOIN pg_dist_node n ON n.groupid = p.groupid
+            GROUP BY n.nodeport
+            """,
+            agents,
+        )
+    finally:
+        await connection.close()
+    spread = {port: count for port, count in ports}
+    assert set(spread) == {5434, 5435}  # both workers hold agents' rows
+    assert sum(spread.values()) == 60
+    assert min(spread.values()) >= 10
+
+
+def test_the_distribute_command_prints_what_it_did_and_is_safe_to_rerun(
+    citus_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from memorm.cli import main
+
+    assert main(["db", "upgrade", "--url", citus_url]) == 0
+    capsys.readouterr()
+    assert main(["db", "distribute", "--url", citus_url]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "agent_names: reference table",
+        "agents: distributed by id",
+        "embedding_models: distributed by agent_id",
+        "sessions: distributed by agent_id",
+        "messages: distributed by agent_id",
+        "archival_passages: distributed by agent_id",
+    ]
+    assert main(["db", "distribute", "--url", citus_url]) == 0
+    assert capsys.readouterr().out == "already distributed: nothing to do\n"
+    sqlite = f"sqlite:///{tmp_path / 'x.db'}"
+    assert main(["db", "upgrade", "--url", sqlite]) == 0
+    capsys.readouterr()
+    assert main(["db", "distribute", "--url", sqlite]) == 1
+    assert (
+        capsys.readouterr().err
+        == "memorm: error: distribute is for Citus (distributed Postgres): this is SQLite\n"
+    )
