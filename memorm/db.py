@@ -34,6 +34,7 @@ from memorm.driver import interrupt
 from memorm.engines import Engines
 from memorm.errors import DatabaseError, MemormError, SchemaError, ValidationError
 from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS
+from memorm.routing import SessionAgents
 from memorm.search.fts_ddl import FTS_INDEXES
 from memorm.search.text import merge_deleted
 from memorm.search.vector import VectorCache
@@ -101,6 +102,8 @@ class Database:
         # SQLite's vector search reads agents' embeddings into numpy matrices once,
         # then reuses them until the agent's archive_version moves.
         self.vector_cache = VectorCache()
+        # Sessions' agents, for routing session-scoped calls on a distributed database.
+        self.session_agents = SessionAgents()
 
     def _make_engine(self) -> AsyncEngine:
         """A new engine on this database's URL and options (one per event loop)."""
@@ -306,7 +309,9 @@ class Database:
         """
         from memorm.distribute import distribute
 
-        return await distribute(self)
+        done = await distribute(self)
+        self._state.distributed = True
+        return done
 
     async def upgrade(self, revision: str = "head") -> None:
         """Migrate the schema to `revision` (alembic `upgrade`)."""
@@ -342,6 +347,9 @@ class Database:
             if not self._state.role_known:
                 if self.dialect == "postgresql":
                     self._state.bypasses_rls = await self._bypasses_rls()
+                    from memorm.distribute import is_distributed
+
+                    self._state.distributed = await is_distributed(self)
                 self._state.role_known = True
 
     async def _check_revision(self) -> None:
@@ -370,6 +378,11 @@ class Database:
         return bool(found)
 
     @property
+    def distributed(self) -> bool:
+        """Whether memorm's tables are distributed on a Citus cluster (known after a unit of work)."""
+        return self._state.distributed
+
+    @property
     def bypasses_rls(self) -> bool:
         """Whether the role connecting is exempt from row-level security (Postgres).
 
@@ -393,6 +406,7 @@ class _Shared:
         self.schema_ok = False
         self.bypasses_rls = False  # Postgres: whether the role is exempt from row-level security
         self.role_known = False  # whether bypasses_rls was looked up
+        self.distributed = False  # Postgres: whether memorm's tables are sharded by agent (Citus)
 
 
 _CHECKPOINT_TRIES = 40

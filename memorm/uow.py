@@ -38,6 +38,7 @@ from memorm.repositories import (
     PassageRepository,
     SessionRepository,
 )
+from memorm.routing import DISTRIBUTED, ROUTES
 from memorm.search.vector import ARCHIVE_WRITES
 from memorm.tenancy import DEFAULT_TENANT, READ_ONLY_BEGIN, TENANT, TenantSession
 from memorm.translate import FAILED, INTERRUPTED, MANAGED, READ_ONLY, failure, translating
@@ -169,6 +170,8 @@ class UnitOfWork:
             sync_session_class=TenantSession,
         )
         self.session.info[READ_ONLY] = self.read_only
+        self.session.info[ROUTES] = self.db.session_agents
+        self.session.info[DISTRIBUTED] = self.db.distributed
         if self._sets_tenant and self.tenant is not None:
             self.session.info[TENANT] = self.tenant
             self.session.info[READ_ONLY_BEGIN] = self.read_only

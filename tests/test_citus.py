@@ -215,3 +215,53 @@ def test_the_distribute_command_prints_what_it_did_and_is_safe_to_rerun(
         capsys.readouterr().err
         == "memorm: error: distribute is for Citus (distributed Postgres): this is SQLite\n"
     )
+
+
+async def test_every_per_agent_call_runs_on_one_shard(cluster: Database, citus_url: str) -> None:
+    """With citus.multi_task_query_log_level = 'error', any statement that asks several shards fails."""
+    async with cluster.unit_of_work() as uow:  # agent creation writes agent_names on every node
+        agent = await uow.agents.create("sam", core_memory={"persona": "terse"})
+    name = cluster.url.database
+    admin = await asyncpg.connect(
+        cluster.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    )
+    try:
+        await admin.execute(f"ALTER DATABASE \"{name}\" SET citus.multi_task_query_log_level = 'error'")
+    finally:
+        await admin.close()
+    async with Database(citus_url) as db:  # new connections, a cold session cache
+        async with db.unit_of_work() as uow:
+            chat = await uow.sessions.create(agent.id, key="chat")
+            await uow.messages.append(chat.id, {"role": "system", "content": "You are Sam."})
+            await uow.messages.append(
+                chat.id, [{"role": "user", "content": f"turn {i} cycling"} for i in range(80)]
+            )
+            await uow.messages.prepend(chat.id, {"role": "assistant", "content": "summary"})
+            await uow.messages.replace_system(chat.id, "You are Sam, v2.")
+            await uow.agents.update_core_memory(agent.id, "human", "Ada")
+            await uow.passages.add_many(
+                agent.id,
+                [{"text": f"fact {i} about tea", "embedding": [1.0, float(i), 0.5]} for i in range(70)],
+            )
+        async with db.unit_of_work() as uow:
+            assert await uow.messages.trim(chat.id, keep_last=60) > 0
+            assert await uow.messages.delete_after(chat.id, 70) > 0
+            assert await uow.messages.pop(chat.id) is not None
+            await uow.sessions.touch(chat.id, ttl=3600)
+        async with db.unit_of_work(read_only=True) as uow:
+            assert (await uow.sessions.get(chat.id)).key == "chat"
+            assert await uow.sessions.get_by_key(agent.id, "chat") is not None
+            assert len(await uow.messages.window(chat.id, limit=10)) == 10
+            assert (await uow.messages.context(chat.id, max_tokens=200))[0].content == "You are Sam, v2."
+            assert await uow.messages.count(chat.id) > 0
+            assert (await uow.messages.search(agent.id, "cycling")).total > 0
+            assert (await uow.messages.search(agent.id, "cycling", session_id=chat.id)).total > 0
+            assert (await uow.agents.get(agent.id)).core_memory["human"] == "Ada"
+            assert (await uow.passages.search(agent.id, [1.0, 3.0, 0.5], k=3))[
+                0
+            ].passage.text == "fact 3 about tea"
+            assert (await uow.passages.search_text(agent.id, "tea")).total == 70
+            assert await uow.passages.hybrid_search(agent.id, "fact 5", [1.0, 5.0, 0.5], k=2)
+    async with Database(citus_url) as cold, cold.unit_of_work(read_only=True) as uow:
+        with pytest.raises(Exception, match="multi-task|multi-shard|tasks"):
+            await uow.messages.window(chat.id)  # unknown session: its lookup asks every shard

@@ -14,8 +14,9 @@ from sqlalchemy.sql import ColumnElement, Executable, Select
 
 from memorm.conflicts import conflict_message, unique_key_of
 from memorm.errors import ConflictError, NotFoundError, ValidationError
-from memorm.models import AGENTS, SESSIONS
+from memorm.models import AGENTS, MESSAGES, SESSIONS
 from memorm.page import Page
+from memorm.routing import DISTRIBUTED, ROUTES, SessionAgents
 from memorm.search.vector import ARCHIVE_WRITES
 from memorm.tenancy import DEFAULT_TENANT
 from memorm.translate import check_writable, guarded
@@ -54,6 +55,48 @@ class Repository:
     def _within(self, *tables: sa.Table) -> list[ColumnElement[bool]]:
         """Like `_own`, but nothing in an all-tenants unit of work: for maintenance across tenants."""
         return [] if self.tenant is None else [table.c.tenant == self.tenant for table in tables]
+
+    async def _agent_of(self, session_id: uuid.UUID) -> uuid.UUID | None:
+        """The session's agent, to route its statements by (`memorm.routing`).
+
+        Known if this database created or read the session before; on a
+        distributed database an unknown session is looked up (NotFoundError
+        if there is none); elsewhere None, and the statements go without it.
+        """
+        routes: SessionAgents | None = self.session.info.get(ROUTES)
+        if routes is None:
+            return None
+        tenant = self._owner
+        agent: uuid.UUID | None = routes.get(tenant, session_id)
+        if agent is None and self.session.info.get(DISTRIBUTED, False):
+            agent = await self._scalar(
+                sa.select(SESSIONS.c.agent_id).where(*self._own(SESSIONS), SESSIONS.c.id == session_id)
+            )
+            if agent is None:
+                raise NotFoundError(f"no session {session_id}")
+            routes.put(tenant, session_id, agent)
+        return agent
+
+    def _route(self, session_id: uuid.UUID, agent_id: uuid.UUID) -> None:
+        """Remember a session's agent (sessions created or read)."""
+        routes: SessionAgents | None = self.session.info.get(ROUTES)
+        if routes is not None and self.tenant is not None:
+            routes.put(self.tenant, session_id, agent_id)
+
+    async def _chat(self, session_id: uuid.UUID) -> list[ColumnElement[bool]]:
+        """The conditions for the session's messages: its tenant, the session and (if known) its agent."""
+        agent = await self._agent_of(session_id)
+        return [*self._own(MESSAGES), MESSAGES.c.session_id == session_id, *self._on(MESSAGES, agent)]
+
+    async def _session_row(self, session_id: uuid.UUID) -> list[ColumnElement[bool]]:
+        """The conditions for the session's own row: its tenant, its id and (if known) its agent."""
+        agent = await self._agent_of(session_id)
+        return [*self._own(SESSIONS), SESSIONS.c.id == session_id, *self._on(SESSIONS, agent)]
+
+    @staticmethod
+    def _on(table: sa.Table, agent: uuid.UUID | None) -> list[ColumnElement[bool]]:
+        """A condition on `table`'s agent when it is known (it routes to one shard)."""
+        return [] if agent is None else [table.c.agent_id == agent]
 
     @property
     def _owner(self) -> str:

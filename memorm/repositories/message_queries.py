@@ -62,6 +62,10 @@ _WINDOW_FORWARD = (  # the oldest `limit` messages from seq `bound` on
     .order_by(MESSAGES.c.seq)
     .limit(sa.bindparam("limit"))
 )
+# The same, for a session whose agent is known: on a distributed database, one shard.
+_ROUTED = MESSAGES.c.agent_id == sa.bindparam("agent")
+_WINDOW_BACK_ROUTED = _WINDOW_BACK.where(_ROUTED)
+_WINDOW_FORWARD_ROUTED = _WINDOW_FORWARD.where(_ROUTED)
 _FIRST_SCAN = 256  # context(): rows whose tokens are summed first (~25k tokens of chat)
 
 
@@ -122,16 +126,9 @@ class MessageQueries(Repository):
                 return []
             bound = SEQ_MIN if forward else SEQ_MAX
         if wanted is None:  # the hot path: a precompiled statement, straight to the driver
-            statement = _WINDOW_FORWARD if forward else _WINDOW_BACK
-            async with guarded(self.session):
-                found = await fetch(
-                    self.session,
-                    statement,
-                    {"tenant": self._owner, "session_id": key, "bound": bound, "limit": limit},
-                )
-            rows = [hydrate(Message, dict(zip(_COLUMNS, row, strict=True))) for row in found]
+            rows = await self._fetch_window(key, forward=forward, bound=bound, limit=limit)
         else:
-            where = [MESSAGES.c.session_id == key, MESSAGES.c.role.in_(wanted)]
+            where = [*await self._chat(key), MESSAGES.c.role.in_(wanted)]
             if forward:
                 rows = await self._select(*where, MESSAGES.c.seq >= bound, order=MESSAGES.c.seq, limit=limit)
             else:
@@ -159,7 +156,7 @@ class MessageQueries(Repository):
         budget = check_int(max_tokens, "max_tokens", minimum=1, maximum=INT32_MAX)
         check_flag(pinned_system, "pinned_system")
         system: Message | None = None
-        where: list[ColumnElement[bool]] = [*self._own(MESSAGES), MESSAGES.c.session_id == key]
+        where = await self._chat(key)
         head = await self._fetch_window(key, forward=True, bound=SEQ_MIN, limit=1)
         if not head:
             await self._require_session(key)
@@ -183,9 +180,14 @@ class MessageQueries(Repository):
 
     async def _fetch_window(self, key: uuid.UUID, *, forward: bool, bound: int, limit: int) -> list[Message]:
         """Messages from `bound` on (`forward`) or up to it, `limit` of them, in scan order."""
-        statement = _WINDOW_FORWARD if forward else _WINDOW_BACK
+        agent = await self._agent_of(key)
+        params: dict[str, Any] = {"tenant": self._owner, "session_id": key, "bound": bound, "limit": limit}
+        if agent is None:
+            statement = _WINDOW_FORWARD if forward else _WINDOW_BACK
+        else:
+            statement = _WINDOW_FORWARD_ROUTED if forward else _WINDOW_BACK_ROUTED
+            params["agent"] = agent
         async with guarded(self.session):
-            params = {"tenant": self._owner, "session_id": key, "bound": bound, "limit": limit}
             found = await fetch(self.session, statement, params)
         return [hydrate(Message, dict(zip(_COLUMNS, row, strict=True))) for row in found]
 
@@ -231,7 +233,7 @@ class MessageQueries(Repository):
         """How many messages the session holds (of these roles, if given)."""
         key = as_uuid(session_id, "session_id")
         wanted = check_roles(roles)
-        query = sa.select(sa.func.count()).where(*self._own(MESSAGES), MESSAGES.c.session_id == key)
+        query = sa.select(sa.func.count()).where(*await self._chat(key))
         if wanted is not None:
             query = query.where(MESSAGES.c.role.in_(wanted))
         total = int(await self._scalar(query) or 0)
@@ -321,7 +323,9 @@ class MessageQueries(Repository):
         if session_id is not None:
             chat = as_uuid(session_id, "session_id")
             owner = await self._scalar(
-                sa.select(SESSIONS.c.agent_id).where(SESSIONS.c.id == chat, *self._own(SESSIONS))
+                sa.select(SESSIONS.c.agent_id).where(
+                    SESSIONS.c.id == chat, SESSIONS.c.agent_id == agent, *self._own(SESSIONS)
+                )
             )
             if owner != agent:
                 raise NotFoundError(f"no session {chat} for agent {agent}")
@@ -350,8 +354,5 @@ class MessageQueries(Repository):
         return [hydrate(Message, dict(zip(_COLUMNS, row, strict=True))) for row in result]
 
     async def _require_session(self, key: uuid.UUID) -> None:
-        if (
-            await self._scalar(sa.select(SESSIONS.c.id).where(SESSIONS.c.id == key, *self._own(SESSIONS)))
-            is None
-        ):
+        if await self._scalar(sa.select(SESSIONS.c.id).where(*await self._session_row(key))) is None:
             raise NotFoundError(f"no session {key}")

@@ -42,6 +42,7 @@ _ALLOCATE = (
     .values(next_seq=SESSIONS.c.next_seq + sa.bindparam("count"), updated_at=sa.bindparam("now"))
     .returning(SESSIONS.c.agent_id, SESSIONS.c.next_seq)
 )
+_ALLOCATE_ROUTED = _ALLOCATE.where(SESSIONS.c.agent_id == sa.bindparam("of_agent"))  # the agent known
 
 
 class MessageRepository(MessageRetention):
@@ -108,7 +109,7 @@ class MessageRepository(MessageRetention):
             new_system_seq = head_seq - len(rows)
             await self._execute(
                 sa.update(MESSAGES)
-                .where(*self._own(MESSAGES), MESSAGES.c.session_id == key, MESSAGES.c.seq == head_seq)
+                .where(*await self._chat(key), MESSAGES.c.seq == head_seq)
                 .values(seq=new_system_seq)
             )
             first = new_system_seq + 1
@@ -126,11 +127,11 @@ class MessageRepository(MessageRetention):
         if head is not None and head[1] == "system":
             await self._execute(
                 sa.update(MESSAGES)
-                .where(*self._own(MESSAGES), MESSAGES.c.session_id == key, MESSAGES.c.seq == head[0])
+                .where(*await self._chat(key), MESSAGES.c.seq == head[0])
                 .values(content=row["content"], token_count=row["token_count"], updated_at=utcnow())
                 .values(search_words=row["content"])  # the derived words follow the text
             )
-            return (await self._select(MESSAGES.c.session_id == key, MESSAGES.c.seq == head[0]))[0]
+            return (await self._select(*await self._chat(key), MESSAGES.c.seq == head[0]))[0]
         if head is None:
             agent_id, end = await self._allocate(key, 1)
             first = end - 1
@@ -151,7 +152,7 @@ class MessageRepository(MessageRetention):
         await self._lock_session(key)
         head = await self._head(key)
         system_seq = head[0] if head is not None and head[1] == "system" else None
-        body = [*self._own(MESSAGES), MESSAGES.c.session_id == key]
+        body = await self._chat(key)
         if system_seq is not None:
             body.append(MESSAGES.c.seq != system_seq)
         if keep == 0:
@@ -199,13 +200,11 @@ class MessageRepository(MessageRetention):
         if first > SEQ_MAX:
             return 0
         deleted = await self._rowcount(
-            sa.delete(MESSAGES).where(
-                *self._own(MESSAGES), MESSAGES.c.session_id == key, MESSAGES.c.seq >= first
-            )
+            sa.delete(MESSAGES).where(*await self._chat(key), MESSAGES.c.seq >= first)
         )
         await self._execute(
             sa.update(SESSIONS)
-            .where(*self._own(SESSIONS), SESSIONS.c.id == key, SESSIONS.c.next_seq > first)
+            .where(*await self._session_row(key), SESSIONS.c.next_seq > first)
             .values(next_seq=first)
         )
         return deleted
@@ -217,12 +216,8 @@ class MessageRepository(MessageRetention):
         """
         key = as_uuid(session_id, "session_id")
         await self._lock_session(key)
-        deleted = await self._rowcount(
-            sa.delete(MESSAGES).where(*self._own(MESSAGES), MESSAGES.c.session_id == key)
-        )
-        await self._execute(
-            sa.update(SESSIONS).where(*self._own(SESSIONS), SESSIONS.c.id == key).values(next_seq=1)
-        )
+        deleted = await self._rowcount(sa.delete(MESSAGES).where(*await self._chat(key)))
+        await self._execute(sa.update(SESSIONS).where(*await self._session_row(key)).values(next_seq=1))
         return deleted
 
     async def pop(self, session_id: uuid.UUID | str) -> Message | None:
@@ -233,7 +228,7 @@ class MessageRepository(MessageRetention):
         """
         key = as_uuid(session_id, "session_id")
         await self._lock_session(key)
-        newest = await self._select(MESSAGES.c.session_id == key, order=MESSAGES.c.seq.desc(), limit=1)
+        newest = await self._select(*await self._chat(key), order=MESSAGES.c.seq.desc(), limit=1)
         if not newest:
             return None
         await self.delete_after(key, newest[0].seq - 1)
@@ -248,9 +243,13 @@ class MessageRepository(MessageRetention):
         so concurrent appenders queue here and their numbers never interleave.
         """
         check_writable(self.session)
+        agent = await self._agent_of(key)
         async with guarded(self.session):
             params = {"of_tenant": self._owner, "session_id": key, "count": count, "now": utcnow()}
-            rows = await fetch(self.session, _ALLOCATE, params)
+            if agent is None:
+                rows = await fetch(self.session, _ALLOCATE, params)
+            else:
+                rows = await fetch(self.session, _ALLOCATE_ROUTED, {**params, "of_agent": agent})
         if not rows:
             raise NotFoundError(f"no session {key}")
         agent_id, end = rows[0]
@@ -265,7 +264,7 @@ class MessageRepository(MessageRetention):
         row = (
             await self._execute(
                 sa.select(MESSAGES.c.seq, MESSAGES.c.role)
-                .where(*self._own(MESSAGES), MESSAGES.c.session_id == key)
+                .where(*await self._chat(key))
                 .order_by(MESSAGES.c.seq)
                 .limit(1)
             )

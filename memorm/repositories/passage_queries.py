@@ -225,7 +225,7 @@ class PassageQueries(Repository):
             )
         if not hits:
             await self._require_agent(key)
-        passages = await self._load([passage_id for passage_id, _ in hits])
+        passages = await self._load([passage_id for passage_id, _ in hits], key)
         # A stored zero vector has no direction: its cosine distance is NaN on both
         # engines (sorted last), and it is no match.
         return [
@@ -318,8 +318,15 @@ class PassageQueries(Repository):
     async def _filters(self, where: Filter | None) -> builtins.list[ColumnElement[bool]]:
         return await filter_conditions(self.session, PASSAGES, where)
 
-    async def _load(self, ids: builtins.list[uuid.UUID]) -> dict[uuid.UUID, ArchivalPassage]:
+    async def _load(
+        self, ids: builtins.list[uuid.UUID], agent: uuid.UUID | None = None
+    ) -> dict[uuid.UUID, ArchivalPassage]:
+        """Passages by id (of `agent`, when known: one shard on a distributed database)."""
         if not ids:
             return {}
-        rows = await self._execute(sa.select(*_FIELDS).where(*self._own(PASSAGES), PASSAGES.c.id.in_(ids)))
+        rows = await self._execute(
+            sa.select(*_FIELDS).where(
+                *self._own(PASSAGES), *self._on(PASSAGES, agent), PASSAGES.c.id.in_(ids)
+            )
+        )
         return {row.id: hydrate(ArchivalPassage, dict(row._mapping)) for row in rows}

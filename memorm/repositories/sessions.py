@@ -78,6 +78,7 @@ class SessionRepository(Repository):
         async with self._savepoint({"agent_id": owner, "key": chat.key}):
             self.session.add(chat)
             await self.session.flush()
+        self._route(chat.id, owner)
         return chat
 
     async def get_or_create(
@@ -116,16 +117,20 @@ class SessionRepository(Repository):
             .where(*self._own(SESSIONS), SESSIONS.c.agent_id == owner, SESSIONS.c.key == _check_key(key))
             .execution_options(populate_existing=True)
         )
+        if chat is not None:
+            self._route(chat.id, owner)
         return chat
 
     async def get(self, session_id: uuid.UUID | str) -> Session:
         """The session with this id; `NotFoundError` if there is none."""
         key = as_uuid(session_id, "session_id")
+        agent = await self._agent_of(key)
         chat: Session | None = await self._scalar(
-            sa.select(Session).where(SESSIONS.c.id == key, *self._own(SESSIONS))
+            sa.select(Session).where(SESSIONS.c.id == key, *self._own(SESSIONS), *self._on(SESSIONS, agent))
         )
         if chat is None:
             raise NotFoundError(f"no session {key}")
+        self._route(chat.id, chat.agent_id)
         return chat
 
     async def list(self, agent_id: uuid.UUID | str, *, limit: int = 50, offset: int = 0) -> Page[Session]:
@@ -141,9 +146,10 @@ class SessionRepository(Repository):
     async def delete(self, session_id: uuid.UUID | str) -> None:
         """Delete the session and its messages."""
         key = as_uuid(session_id, "session_id")
+        agent = await self._agent_of(key)
         deleted = await self._rowcount(
             sa.delete(Session)
-            .where(SESSIONS.c.id == key, *self._own(SESSIONS))
+            .where(SESSIONS.c.id == key, *self._own(SESSIONS), *self._on(SESSIONS, agent))
             .execution_options(synchronize_session=False)
         )
         if deleted == 0:
@@ -163,9 +169,10 @@ class SessionRepository(Repository):
         lifetime = None if ttl is None else check_duration(ttl, "ttl")
         instant = utcnow() if now is None else check_aware(now, "now")
         expires_at = None if lifetime is None else later(instant, lifetime, "now + ttl")
+        agent = await self._agent_of(key)
         statement = (
             sa.update(Session)
-            .where(SESSIONS.c.id == key, *self._own(SESSIONS))
+            .where(SESSIONS.c.id == key, *self._own(SESSIONS), *self._on(SESSIONS, agent))
             .values(expires_at=expires_at, updated_at=utcnow())
             .returning(Session)
             .execution_options(populate_existing=True, synchronize_session=False)
