@@ -131,12 +131,13 @@ async def test_stores_of_two_agents_are_separate_even_with_the_same_ids(db: Data
     assert await sam.aget_by_ids(["1"]) == []
     assert [d.page_content for d in await max_.aget_by_ids(["1"])] == ["max's fact"]
 
-    # A UUID id is global: another agent can neither read, delete nor take it over.
+    # Ids are unique per agent: another agent can neither read nor delete sam's
+    # document, and adding under the same id makes a document of its own.
     [taken] = await sam.aadd_texts(["sam's uuid fact"], ids=[str(uuid.uuid4())])
     assert await max_.aget_by_ids([taken]) == []
     await max_.adelete([taken])
-    with pytest.raises(ValidationError):
-        await max_.aadd_texts(["hijack"], ids=[taken])
+    await max_.aadd_texts(["max's own"], ids=[taken])
+    assert [d.page_content for d in await max_.aget_by_ids([taken])] == ["max's own"]
     assert [d.page_content for d in await sam.aget_by_ids([taken])] == ["sam's uuid fact"]
 
 

@@ -127,12 +127,20 @@ class PassageQueries(Repository):
             raise NotFoundError(f"no passage {key}")
         return found[key]
 
-    async def get_many(self, ids: Iterable[uuid.UUID | str]) -> builtins.list[ArchivalPassage]:
-        """The passages with these ids, in the order given; unknown ids are left out."""
+    async def get_many(
+        self, ids: Iterable[uuid.UUID | str], *, agent_id: uuid.UUID | str | None = None
+    ) -> builtins.list[ArchivalPassage]:
+        """The passages with these ids, in the order given; unknown ids are left out.
+
+        Ids are unique per agent: with `agent_id`, only that agent's passages
+        (and on a distributed database, one shard); without it, any agent's
+        of the tenant.
+        """
         wanted = [as_uuid(passage_id, "ids[]") for passage_id in check_list(ids, "ids", "passage ids")]
+        owner = None if agent_id is None else as_uuid(agent_id, "agent_id")
         found: dict[uuid.UUID, ArchivalPassage] = {}
         for first in range(0, len(wanted), 1000):  # bounded IN lists
-            found.update(await self._load(wanted[first : first + 1000]))
+            found.update(await self._load(wanted[first : first + 1000], owner))
         return [found[passage_id] for passage_id in wanted if passage_id in found]
 
     async def count(self, agent_id: uuid.UUID | str, *, embedding_model: str | None = None) -> int:

@@ -44,24 +44,12 @@ async def upsert(
                 await uow.passages.delete_many(agent_id, sorted(existing))
                 await uow.passages.add_many(agent_id, list(latest.values()))
             return
-        except ConflictError as error:
-            # delete_many leaves other agents' passages alone, so an id of theirs
-            # fails the insert; so does a concurrent add of the same id, which
-            # committed after our delete: that one we replace on the next attempt.
-            foreign = await _foreign(db, agent_id, existing)
-            if foreign is not None:
-                raise ValidationError(f"ids: passage {foreign} belongs to another agent") from error
+        except ConflictError:
+            # A concurrent add of the same id committed after our delete: replace
+            # it on the next attempt.  (Ids are unique per agent: another agent's
+            # passage under the same id is no conflict.)
             if attempt == UPSERT_ATTEMPTS - 1:
                 raise
-
-
-async def _foreign(db: Database, agent_id: uuid.UUID, ids: set[uuid.UUID]) -> uuid.UUID | None:
-    """The first of `ids` that is another agent's passage, if any."""
-    if not ids:
-        return None
-    async with db.unit_of_work(read_only=True) as uow:
-        taken = await uow.passages.get_many(sorted(ids))
-    return next((passage.id for passage in taken if passage.agent_id != agent_id), None)
 
 
 async def delete(db: Database, agent_id: uuid.UUID, ids: list[uuid.UUID]) -> None:
@@ -76,8 +64,8 @@ async def delete(db: Database, agent_id: uuid.UUID, ids: list[uuid.UUID]) -> Non
 async def get(db: Database, agent_id: uuid.UUID, ids: list[uuid.UUID]) -> list[Document]:
     """This agent's documents with these ids, in the order given; others are skipped."""
     async with db.unit_of_work(read_only=True) as uow:
-        found = await uow.passages.get_many(ids)
-    return [to_document(passage) for passage in found if passage.agent_id == agent_id]
+        found = await uow.passages.get_many(ids, agent_id=agent_id)
+    return [to_document(passage) for passage in found]
 
 
 async def search(

@@ -1,0 +1,121 @@
+"""memorm on the local Citus cluster against single-node Postgres, in the same run.
+
+The same data and memorm calls on a distributed database (a coordinator and
+two workers from ../shared/recipes/citus-cluster, on this machine's cores)
+and on the single Postgres server.  Both Databases know their session's
+agent (warm routing), so on the cluster every call goes to one shard.  The
+"raw" column is single-node Postgres: the rows report what routing through
+the coordinator adds (goal: at most 1.5x).  Skipped without a cluster.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from benchmarks.common import Row, Samples, store, timed
+from benchmarks.core import make_messages
+from memorm import Database
+
+NAME = "citus"
+TARGET = 1.5
+HISTORY = 2_000
+PASSAGES = 1_000
+DIM = 64
+_RECIPES = (Path(__file__).resolve().parents[2] / "shared" / "recipes", Path("/work/shared/recipes"))
+
+
+def _recipe() -> Path | None:
+    for folder in _RECIPES:
+        if (folder / "citus-cluster").is_file():
+            return folder / "citus-cluster"
+    return None
+
+
+async def _fill(db: Database, rng: random.Random) -> tuple[uuid.UUID, uuid.UUID]:
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create("bench")
+        chat = await uow.sessions.create(agent.id)
+        await uow.messages.append(chat.id, make_messages(HISTORY))
+        items = [
+            {"text": f"passage {i} common words", "embedding": [rng.uniform(-1, 1) for _ in range(DIM)]}
+            for i in range(PASSAGES)
+        ]
+        await uow.passages.add_many(agent.id, items)
+    return agent.id, chat.id
+
+
+def _operations(
+    agent: uuid.UUID, chat: uuid.UUID, query: list[float]
+) -> dict[str, Callable[[Database], Awaitable[Any]]]:
+    async def append(db: Database) -> None:
+        async with db.unit_of_work() as uow:
+            await uow.messages.append(chat, {"role": "user", "content": "one more common message"})
+
+    async def read(db: Database, work: Callable[[Any], Awaitable[Any]]) -> Any:
+        async with db.unit_of_work(read_only=True) as uow:
+            return await work(uow)
+
+    return {
+        "append one message (uow)": append,
+        "window 50 (read-only uow)": lambda db: read(db, lambda u: u.messages.window(chat, limit=50)),
+        "context 2,000 tokens": lambda db: read(db, lambda u: u.messages.context(chat, max_tokens=2_000)),
+        "text search, common word": lambda db: read(db, lambda u: u.messages.search(agent, "common")),
+        "vector search k=10 (exact)": lambda db: read(db, lambda u: u.passages.search(agent, query, k=10)),
+    }
+
+
+async def run(engines: Sequence[str], *, quick: bool = False) -> list[Row]:
+    recipe = _recipe()
+    if "postgres" not in engines or recipe is None:
+        return []
+    name = f"memorm_bench_{uuid.uuid4().hex[:8]}"
+    try:
+        made = await anyio.run_process([str(recipe), "newdb", name], check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return []  # no cluster: nothing to compare
+    cluster = Database(made.stdout.decode().strip().splitlines()[-1])
+    reps = 30 if quick else 200
+    rows: list[Row] = []
+    try:
+        async with store("postgres") as where:
+            single = where.database()
+            try:
+                await cluster.upgrade()
+                await cluster.distribute()
+                await single.create_all()
+                rng = random.Random(11)
+                query = [rng.uniform(-1, 1) for _ in range(DIM)]
+                sides = {"cluster": await _fill(cluster, rng), "single": await _fill(single, rng)}
+                ops = {side: _operations(*ids, query) for side, ids in sides.items()}
+                for operation in ops["cluster"]:
+                    on_cluster, on_single = Samples(), Samples()
+                    for _ in range(5):
+                        await ops["cluster"][operation](cluster)
+                        await ops["single"][operation](single)
+                    for _ in range(reps):
+                        await timed(lambda op=ops["cluster"][operation]: op(cluster), on_cluster)
+                        await timed(lambda op=ops["single"][operation]: op(single), on_single)
+                    rows.append(
+                        Row(
+                            NAME,
+                            "postgres",
+                            f"{operation}: Citus vs one server",
+                            on_cluster,
+                            on_single,
+                            target=TARGET,
+                            note="raw column: the same memorm call on single-node Postgres",
+                        )
+                    )
+            finally:
+                await single.dispose()
+    finally:
+        await cluster.dispose()
+        await anyio.run_process([str(recipe), "dropdb", name], check=False)
+    return rows
