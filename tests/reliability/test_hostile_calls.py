@@ -145,7 +145,7 @@ CALLS: dict[str, dict[str, Any]] = {
         "ef_construction": 64,
     },
     "passages.get": {"passage_id": "@passage"},
-    "passages.get_many": {"ids": ["@passage"]},
+    "passages.get_many": {"ids": ["@passage"], "agent_id": "@agent"},
     "passages.count": {"agent_id": "@agent", "embedding_model": None},
     "passages.list": {"agent_id": "@agent", "limit": 50, "offset": 0},
     "passages.search": {
