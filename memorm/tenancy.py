@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.util import await_only
 
 from memorm.errors import ValidationError
+from memorm.routing import DISTRIBUTED
 
 __all__ = [
     "DEFAULT_TENANT",
@@ -58,15 +59,25 @@ TENANT = "memorm_tenant"  # Session.info: the tenant each transaction sets on Po
 READ_ONLY_BEGIN = "memorm_read_only_begin"  # Session.info: its transactions are READ ONLY
 
 
-def begin_statement(tenant: str, *, read_only: bool) -> str:
+def begin_statement(tenant: str, *, read_only: bool, distributed: bool = False) -> str:
     """`BEGIN` and the tenant's setting, as one simple-protocol message (one round trip).
 
     The tenant travels hex-encoded (UTF-8), so the statement holds only
-    hex digits from it, whatever characters the name has.
+    hex digits from it, whatever characters the name has.  On a Citus
+    cluster the setting must reach the workers that run the shard queries:
+    Citus passes on `SET LOCAL` (with `citus.propagate_set_commands =
+    'local'`), not `set_config`, and `SET` takes only a literal, so the name
+    is written as an escape string literal (`E'…'`, backslashes and quotes
+    escaped; a tenant has no NUL).
     """
     mode = " READ ONLY" if read_only else ""
+    begin = f"BEGIN ISOLATION LEVEL READ COMMITTED{mode}"
+    if distributed:
+        literal = "E'" + tenant.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        propagate = "SET LOCAL citus.propagate_set_commands = 'local'"
+        return f"{begin}; {propagate}; SET LOCAL {TENANT_SETTING} = {literal}"
     value = f"convert_from(decode('{tenant.encode().hex()}', 'hex'), 'UTF8')"
-    return f"BEGIN ISOLATION LEVEL READ COMMITTED{mode}; SELECT set_config('{TENANT_SETTING}', {value}, true)"
+    return f"{begin}; SELECT set_config('{TENANT_SETTING}', {value}, true)"
 
 
 class TenantSession(Session):
@@ -88,5 +99,9 @@ def _set_tenant(session: Session, transaction: Any, connection: sa.Connection) -
     tenant = session.info.get(TENANT)
     if tenant is not None:
         driver = connection.connection.driver_connection
-        statement = begin_statement(tenant, read_only=session.info.get(READ_ONLY_BEGIN, False))
+        statement = begin_statement(
+            tenant,
+            read_only=session.info.get(READ_ONLY_BEGIN, False),
+            distributed=session.info.get(DISTRIBUTED, False),
+        )
         await_only(driver.execute(statement))  # type: ignore[union-attr]

@@ -265,3 +265,38 @@ async def test_every_per_agent_call_runs_on_one_shard(cluster: Database, citus_u
     async with Database(citus_url) as cold, cold.unit_of_work(read_only=True) as uow:
         with pytest.raises(DatabaseError, match="multi-task query"):
             await uow.messages.window(chat.id)  # unknown session: its lookup asks every shard
+
+
+async def test_row_level_security_holds_on_the_shards(cluster: Database, citus_url: str) -> None:
+    """The application role on the cluster: each tenant's setting reaches the workers (SET LOCAL)."""
+    from memorm.tenants import create_role
+
+    role = f"memorm_app_{uuid.uuid4().hex[:8]}"
+    await create_role(cluster, role)
+    tenants = ("acme", "o'brien \\\\ co")  # a quote and backslashes: the name is a literal in SET LOCAL
+    app = Database(cluster.url.set(username=role))
+    try:
+        chats = {}
+        for tenant in tenants:
+            async with app.unit_of_work(tenant) as uow:
+                agent = await uow.agents.create("sam")
+                chat = await uow.sessions.create(agent.id, key="chat")
+                await uow.messages.append(chat.id, [{"role": "user", "content": f"hi from {tenant}"}] * 70)
+                chats[tenant] = chat.id
+        assert not app.bypasses_rls
+        assert app.distributed
+        for tenant in tenants:
+            async with app.unit_of_work(tenant, read_only=True) as uow:
+                window = await uow.messages.window(chats[tenant], limit=100)
+                assert {m.content for m in window} == {f"hi from {tenant}"}
+                seen = set((await uow.session.execute(sa.text("SELECT tenant FROM messages"))).scalars())
+                assert seen == {tenant}  # raw SQL on the shards: this tenant's rows only
+        async with app.unit_of_work("nobody", read_only=True) as uow:
+            assert (await uow.session.execute(sa.text("SELECT count(*) FROM agents"))).scalar() == 0
+    finally:
+        await app.dispose()
+        admin = await asyncpg.connect(citus_url)
+        try:  # roles live in the cluster, not the database: drop this one
+            await admin.execute(f'DROP OWNED BY "{role}"; DROP ROLE IF EXISTS "{role}"')
+        finally:
+            await admin.close()
