@@ -13,14 +13,13 @@ from __future__ import annotations
 import random
 import subprocess
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import anyio
 
 from benchmarks.common import Row, Samples, store, timed
-from benchmarks.core import make_messages
+from benchmarks.core import chat_operations, make_messages
 from memorm import Database
 
 NAME = "citus"
@@ -51,26 +50,6 @@ async def _fill(db: Database, rng: random.Random) -> tuple[uuid.UUID, uuid.UUID]
     return agent.id, chat.id
 
 
-def _operations(
-    agent: uuid.UUID, chat: uuid.UUID, query: list[float]
-) -> dict[str, Callable[[Database], Awaitable[Any]]]:
-    async def append(db: Database) -> None:
-        async with db.unit_of_work() as uow:
-            await uow.messages.append(chat, {"role": "user", "content": "one more common message"})
-
-    async def read(db: Database, work: Callable[[Any], Awaitable[Any]]) -> Any:
-        async with db.unit_of_work(read_only=True) as uow:
-            return await work(uow)
-
-    return {
-        "append one message (uow)": append,
-        "window 50 (read-only uow)": lambda db: read(db, lambda u: u.messages.window(chat, limit=50)),
-        "context 2,000 tokens": lambda db: read(db, lambda u: u.messages.context(chat, max_tokens=2_000)),
-        "text search, common word": lambda db: read(db, lambda u: u.messages.search(agent, "common")),
-        "vector search k=10 (exact)": lambda db: read(db, lambda u: u.passages.search(agent, query, k=10)),
-    }
-
-
 async def run(engines: Sequence[str], *, quick: bool = False) -> list[Row]:
     recipe = _recipe()
     if "postgres" not in engines or recipe is None:
@@ -93,7 +72,7 @@ async def run(engines: Sequence[str], *, quick: bool = False) -> list[Row]:
                 rng = random.Random(11)
                 query = [rng.uniform(-1, 1) for _ in range(DIM)]
                 sides = {"cluster": await _fill(cluster, rng), "single": await _fill(single, rng)}
-                ops = {side: _operations(*ids, query) for side, ids in sides.items()}
+                ops = {side: chat_operations(*ids, query) for side, ids in sides.items()}
                 for operation in ops["cluster"]:
                     on_cluster, on_single = Samples(), Samples()
                     for _ in range(5):

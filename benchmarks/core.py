@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 from typing import Any, NamedTuple
@@ -303,6 +303,31 @@ async def open_raw(where: Store) -> RawSQLite | RawPostgres:
 async def memorm_append(db: Database, session_id: uuid.UUID, messages: Any) -> None:
     async with db.unit_of_work() as uow:
         await uow.messages.append(session_id, messages)
+
+
+Operation = Callable[[Database], Awaitable[Any]]
+
+
+async def reading(db: Database, work: Callable[[Any], Awaitable[Any]]) -> Any:
+    """`work(uow)` in a read-only unit of work of `db`."""
+    async with db.unit_of_work(read_only=True) as uow:
+        return await work(uow)
+
+
+def chat_operations(agent: uuid.UUID, chat: uuid.UUID, query: list[float]) -> dict[str, Operation]:
+    """The chat path and searches of one agent, by name: what comparisons of two databases time."""
+
+    async def append(db: Database) -> None:
+        async with db.unit_of_work() as uow:
+            await uow.messages.append(chat, {"role": "user", "content": "one more common message"})
+
+    return {
+        "append one message (uow)": append,
+        "window 50 (read-only uow)": lambda db: reading(db, lambda u: u.messages.window(chat, limit=50)),
+        "context 2,000 tokens": lambda db: reading(db, lambda u: u.messages.context(chat, max_tokens=2_000)),
+        "text search, common word": lambda db: reading(db, lambda u: u.messages.search(agent, "common")),
+        "vector search k=10 (exact)": lambda db: reading(db, lambda u: u.passages.search(agent, query, k=10)),
+    }
 
 
 async def memorm_window(db: Database, session_id: uuid.UUID, limit: int) -> list[Message]:

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import asyncpg
 from sqlalchemy.engine import make_url
 
 from benchmarks.common import POSTGRES_URL, Row, Samples, asyncpg_dsn, store, timed
-from benchmarks.core import RawPostgres, make_messages
+from benchmarks.core import Operation, RawPostgres, chat_operations, make_messages, reading
 from memorm import Database
 from memorm.tenants import create_role
 
@@ -57,32 +56,16 @@ async def _fill(db: Database, rng: random.Random) -> tuple[uuid.UUID, uuid.UUID]
     return agent.id, chat.id
 
 
-def _operations(
-    agent: uuid.UUID, chat: uuid.UUID, rng: random.Random
-) -> dict[str, Callable[[Database], Awaitable[Any]]]:
-    query = _vector(rng)
-
-    async def append(db: Database) -> None:
-        async with db.unit_of_work() as uow:
-            await uow.messages.append(chat, {"role": "user", "content": "one more common message"})
-
+def _operations(agent: uuid.UUID, chat: uuid.UUID, rng: random.Random) -> dict[str, Operation]:
     batch = make_messages(BULK)
 
     async def append_bulk(db: Database) -> None:  # dicts built anew each time, as a caller does
         async with db.unit_of_work() as uow:
             await uow.messages.append(chat, [dict(message) for message in batch])
 
-    async def read(db: Database, work: Callable[[Any], Awaitable[Any]]) -> Any:
-        async with db.unit_of_work(read_only=True) as uow:
-            return await work(uow)
-
     return {
-        "append one message (uow)": append,
-        "window 50 (read-only uow)": lambda db: read(db, lambda u: u.messages.window(chat, limit=50)),
-        "context 2,000 tokens": lambda db: read(db, lambda u: u.messages.context(chat, max_tokens=2_000)),
-        "text search, common word": lambda db: read(db, lambda u: u.messages.search(agent, "common")),
-        f"text search, rare word ({RARE})": lambda db: read(db, lambda u: u.messages.search(agent, RARE)),
-        "vector search k=10 (exact)": lambda db: read(db, lambda u: u.passages.search(agent, query, k=10)),
+        **chat_operations(agent, chat, _vector(rng)),
+        f"text search, rare word ({RARE})": lambda db: reading(db, lambda u: u.messages.search(agent, RARE)),
         # last: it grows the history the others read
         f"append {BULK:,} messages (one uow)": append_bulk,
     }

@@ -93,6 +93,12 @@ class Repository:
         agent = await self._agent_of(session_id)
         return [*self._own(SESSIONS), SESSIONS.c.id == session_id, *self._on(SESSIONS, agent)]
 
+    def _unroute(self, session_id: uuid.UUID) -> None:
+        """Forget a deleted session's agent."""
+        routes: SessionAgents | None = self.session.info.get(ROUTES)
+        if routes is not None and self.tenant is not None:
+            routes.drop(self.tenant, session_id)
+
     @staticmethod
     def _on(table: sa.Table, agent: uuid.UUID | None) -> list[ColumnElement[bool]]:
         """A condition on `table`'s agent when it is known (it routes to one shard)."""

@@ -154,6 +154,7 @@ class SessionRepository(Repository):
         )
         if deleted == 0:
             raise NotFoundError(f"no session {key}")
+        self._unroute(key)
 
     # -- expiry ---------------------------------------------------------------
 
