@@ -46,6 +46,8 @@ _NOUNS = {
     "embedding_models": "an embedding model",
 }
 _SQLITE_UNIQUE = re.compile(r"UNIQUE constraint failed: (\w+)\.(\w+(?:, \w+\.\w+)*)")
+_PG_UNIQUE = re.compile(r'violates unique constraint "([^"]+)"')
+_SHARD_ID = re.compile(r"_\d+$")
 
 
 def unique_keys(table: sa.Table) -> list[tuple[str, ...]]:
@@ -95,8 +97,12 @@ def _named_key(error: BaseException) -> Key | None:
         if seen is None:
             return None
         name = getattr(seen, "constraint_name", None)  # asyncpg
+        if not isinstance(name, str):  # Citus relays a worker's error in words only
+            relayed = _PG_UNIQUE.search(str(seen))
+            name = relayed.group(1) if relayed is not None else None
         if isinstance(name, str):
-            return _by_name().get(name)
+            # On Citus the constraint of a shard is named after the table's, plus the shard's id.
+            return _by_name().get(name) or _by_name().get(_SHARD_ID.sub("", name))
         found = _SQLITE_UNIQUE.search(str(seen))
         if found is not None:
             table, columns = found.groups()

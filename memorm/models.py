@@ -162,6 +162,9 @@ class AgentName(MemormModel, table=True):
 # (tenant, id, agent_id), so a distributed database can shard them by agent.
 
 
+_EXPIRING = sa.text("expires_at IS NOT NULL")
+
+
 # A conversation of one agent; ``next_seq`` hands out its messages' sequence numbers.
 class Session(_Row, table=True):
     __tablename__ = "sessions"
@@ -170,8 +173,8 @@ class Session(_Row, table=True):
         sa.Index(None, "tenant", "agent_id", "created_at"),
         # An external key (a framework's session id), unique per agent when given.
         sa.Index(None, "tenant", "agent_id", "key", unique=True),
-        # purge_expired scans by expiry; sessions that never expire (NULL) are not in range.
-        sa.Index(None, "expires_at"),
+        # purge_expired scans by expiry; sessions that never expire (NULL) are left out.
+        sa.Index(None, "expires_at", postgresql_where=_EXPIRING, sqlite_where=_EXPIRING),
     )
 
     agent_id: uuid.UUID = Field(sa_type=UUIDType, primary_key=True)

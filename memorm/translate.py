@@ -68,6 +68,25 @@ _SQLITE_MESSAGES: tuple[tuple[str, type[MemormError], str], ...] = (
 )
 
 
+# Citus relays some errors of its workers (on COPY into a distributed table) as
+# XX000 with the worker's words: the real SQLSTATE, by those words.
+_RELAYED: tuple[tuple[str, str], ...] = (
+    ("duplicate key value violates unique constraint", "23505"),
+    ("violates foreign key constraint", "23503"),
+    ("violates check constraint", "23514"),
+    ("violates not-null constraint", "23502"),
+)
+
+
+def _relayed(code: str | None, detail: str) -> str | None:
+    """The SQLSTATE a relayed worker error really has (else `code`)."""
+    if code == "XX000":
+        for words, real in _RELAYED:
+            if words in detail:
+                return real
+    return code
+
+
 def _sqlstate(error: BaseException) -> str | None:
     for candidate in (error, error.__cause__):
         code = getattr(candidate, "sqlstate", None) or getattr(candidate, "pgcode", None)
@@ -101,7 +120,7 @@ def translate(error: BaseException) -> MemormError | None:
     else:
         return None
     detail = str(orig).strip().splitlines()[0] if orig is not None else ""
-    code = _sqlstate(orig) if orig is not None else None
+    code = _relayed(_sqlstate(orig), detail) if orig is not None else None
     if orig is not None and (code == "23505" or detail.startswith("UNIQUE constraint failed")):
         return ConflictError(conflict_message(unique_key_of(orig)))  # the same words on both engines
     if code is not None:

@@ -6,6 +6,13 @@ Every test that takes ``db`` runs twice: on a fresh SQLite file (mark
 unreachable, unless ``MEMORM_REQUIRE_POSTGRES=1`` (set by ``.ci/run``), which
 turns any skipped Postgres test into a failed run.
 
+``MEMORM_TEST_CITUS=1`` runs the Postgres tests that take ``db`` on the local
+Citus cluster instead (``../shared/recipes/citus-cluster``): the URL becomes
+a database of the cluster, and each test's schema is distributed by agent
+(``db.distribute()``) before the test runs.  Tests marked ``single_node``
+(they check what a single server does: query plans, one connection's view)
+are left out then, and so are tests that build their own database from a URL.
+
 Property-based tests take their example counts from a hypothesis profile,
 chosen by ``HYPOTHESIS_PROFILE``: ``dev`` (the default, quick) or ``ci``
 (``.ci/run``: 200 examples per property).  Tests set no ``max_examples`` of
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -30,8 +38,47 @@ from sqlalchemy.engine import make_url
 
 from memorm import Database
 
-POSTGRES_URL = os.environ.get("MEMORM_TEST_POSTGRES_URL", "postgresql+asyncpg://root@127.0.0.1:5432/test")
 REQUIRE_POSTGRES = os.environ.get("MEMORM_REQUIRE_POSTGRES") == "1"
+CITUS = os.environ.get("MEMORM_TEST_CITUS") == "1"
+CITUS_RECIPE = next(
+    (
+        path
+        for path in (
+            Path(__file__).resolve().parents[2] / "shared" / "recipes" / "citus-cluster",
+            Path("/work/shared/recipes/citus-cluster"),
+        )
+        if path.is_file()
+    ),
+    None,
+)
+CITUS_SUITE_DATABASE = "memorm_suite"
+
+
+def _citus_suite_url() -> str:
+    """The suite's database on the Citus cluster (made on every node by the recipe; reused)."""
+    if CITUS_RECIPE is None:
+        raise RuntimeError("MEMORM_TEST_CITUS=1 but the citus-cluster recipe was not found")
+    made = subprocess.run(
+        [str(CITUS_RECIPE), "newdb", CITUS_SUITE_DATABASE], capture_output=True, text=True, check=True
+    )
+    url = make_url(made.stdout.strip().splitlines()[-1])
+
+    async def few_shards() -> None:  # 4 shards a table, not 32: each test distributes a schema
+        connection = await asyncpg.connect(url.render_as_string(hide_password=False), timeout=10)
+        try:
+            await connection.execute(f"ALTER DATABASE {CITUS_SUITE_DATABASE} SET citus.shard_count = 4")
+        finally:
+            await connection.close()
+
+    asyncio.run(few_shards())
+    return url.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
+
+
+POSTGRES_URL = (
+    _citus_suite_url()
+    if CITUS
+    else os.environ.get("MEMORM_TEST_POSTGRES_URL", "postgresql+asyncpg://root@127.0.0.1:5432/test")
+)
 # Examples share the test's database (a function-scoped fixture) on purpose; each
 # one runs real statements on both engines, so no per-example deadline.
 _PROPERTIES: dict[str, Any] = {
@@ -85,6 +132,8 @@ class Store:
     url: str
     options: dict[str, Any] = field(default_factory=dict)
     schema: str | None = None
+    # MEMORM_TEST_CITUS=1: the schema comes from the pool, created and distributed already.
+    ready: bool = False
 
     def database(self, **engine_options: Any) -> Database:
         """Another ``Database`` on the same store (its own engine and pool)."""
@@ -113,19 +162,108 @@ async def store(engine: str, tmp_path: Path) -> AsyncIterator[Store]:
     if engine == "sqlite":
         yield Store(engine, f"sqlite+aiosqlite:///{tmp_path / 'memorm.db'}")
         return
-    schema = f"t_{uuid.uuid4().hex[:16]}"
+    reused = _citus_clean.pop() if CITUS and _citus_clean else None
+    schema = reused or f"t_{uuid.uuid4().hex[:16]}"
     admin = await asyncpg.connect(asyncpg_dsn())
     try:
-        await admin.execute(f'CREATE SCHEMA "{schema}"')
+        if reused is None:
+            await admin.execute(f'CREATE SCHEMA "{schema}"')
         yield Store(
             engine,
             POSTGRES_URL,
             {"connect_args": {"server_settings": {"search_path": f"{schema},public"}}},
             schema,
+            ready=reused is not None,
         )
     finally:
-        await admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        if not (CITUS and await _citus_keep(admin, schema)):
+            await admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         await admin.close()
+
+
+# -- MEMORM_TEST_CITUS=1: each schema is distributed once, then emptied and reused --
+# Distributing a schema's tables costs seconds on the cluster; emptying them
+# (TRUNCATE) a fraction of that.  A schema goes back to the pool only if the
+# test left its shape (tables, columns, indexes, constraints, policies) as the
+# first distributed schema had it; otherwise it is dropped.
+
+_citus_clean: list[str] = []
+_citus_pristine: list[str] = []
+
+_SHAPE = """
+SELECT coalesce(string_agg(item, E'\n' ORDER BY item), '') FROM (
+    SELECT 'index ' || indexdef AS item FROM pg_indexes WHERE schemaname = $1
+    UNION ALL
+    SELECT 'constraint ' || c.relname || ' ' || k.conname || ' ' || pg_get_constraintdef(k.oid)
+    FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid WHERE k.connamespace = $1::regnamespace
+    UNION ALL
+    SELECT 'column ' || c.relname || ' ' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+        || ' ' || a.attnotnull || ' ' || coalesce(pg_get_expr(d.adbin, d.adrelid), '')
+    FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+    LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+    WHERE c.relnamespace = $1::regnamespace AND c.relkind IN ('r', 'p')
+        AND a.attnum > 0 AND NOT a.attisdropped
+    UNION ALL
+    SELECT 'table ' || relname || ' ' || relrowsecurity || ' ' || relforcerowsecurity
+    FROM pg_class WHERE relnamespace = $1::regnamespace AND relkind IN ('r', 'p', 'v', 'm', 'S')
+    UNION ALL
+    SELECT 'policy ' || tablename || ' ' || policyname || ' '
+        || coalesce(qual, '') || coalesce(with_check, '')
+    FROM pg_policies WHERE schemaname = $1
+    UNION ALL
+    SELECT 'trigger ' || t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+    WHERE c.relnamespace = $1::regnamespace AND NOT t.tgisinternal
+    UNION ALL
+    SELECT 'distributed ' || (logicalrelid::regclass)::text || ' ' || colocationid::text
+    FROM pg_dist_partition WHERE logicalrelid::regclass::text LIKE $1 || '.%'
+) shape
+"""
+
+
+async def _citus_shape(admin: asyncpg.Connection, schema: str) -> str | None:
+    """The schema's shape with its name taken out (None once it is gone)."""
+    if await admin.fetchval("SELECT 1 FROM pg_namespace WHERE nspname = $1", schema) is None:
+        return None
+    shape = str(await admin.fetchval(_SHAPE, schema))
+    return shape.replace(f'"{schema}".', "").replace(f"{schema}.", "")
+
+
+async def _citus_remember(admin: asyncpg.Connection, schema: str) -> None:
+    """Record the shape of the run's first freshly distributed schema."""
+    if not _citus_pristine:
+        shape = await _citus_shape(admin, schema)
+        assert shape, f"schema {schema} has no shape"
+        _citus_pristine.append(shape)
+
+
+async def _citus_keep(admin: asyncpg.Connection, schema: str) -> bool:
+    """Empty `schema` and pool it, when the test left its shape as distributed; else False."""
+    shape = await _citus_shape(admin, schema)
+    if shape is None or not _citus_pristine or shape != _citus_pristine[0]:
+        return False
+    tables = await admin.fetch(
+        "SELECT tablename FROM pg_tables WHERE schemaname = $1 AND tablename <> 'alembic_version'", schema
+    )
+    if not tables:
+        return False
+    await admin.execute(
+        "TRUNCATE " + ", ".join(f'"{schema}"."{row["tablename"]}"' for row in tables) + " CASCADE"
+    )
+    _citus_clean.append(schema)
+    return True
+
+
+def _citus_drop_pool() -> None:
+    async def drop() -> None:
+        admin = await asyncpg.connect(asyncpg_dsn())
+        try:
+            while _citus_clean:
+                await admin.execute(f'DROP SCHEMA IF EXISTS "{_citus_clean.pop()}" CASCADE')
+        finally:
+            await admin.close()
+
+    if _citus_clean:
+        asyncio.run(drop())
 
 
 # MEMORM_TEST_POSTGRES_ROLE=app: the ``db`` fixture's Postgres database connects as
@@ -135,14 +273,23 @@ async def store(engine: str, tmp_path: Path) -> AsyncIterator[Store]:
 APP_ROLE = os.environ.get("MEMORM_TEST_POSTGRES_ROLE") == "app"
 
 
+def _left_out(item: pytest.Item) -> bool:
+    """Whether this run leaves `item` out (the application role's run, or the Citus run)."""
+    if APP_ROLE and "owner" in item.keywords and "postgres" in item.keywords:
+        return True
+    if CITUS:  # only Postgres tests on the suite's distributed schemas
+        uses_db = "db" in getattr(item, "fixturenames", ())
+        return "postgres" not in item.keywords or "single_node" in item.keywords or not uses_db
+    return False
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under the application role, leave out the Postgres tests that need the tables' owner."""
-    if not APP_ROLE:
-        return
-    owner = [item for item in items if "owner" in item.keywords and "postgres" in item.keywords]
-    if owner:
-        config.hook.pytest_deselected(items=owner)
-        items[:] = [item for item in items if item not in owner]
+    """Under the application role, leave out the Postgres tests that need the tables' owner;
+    on Citus, every test but the Postgres ones on a ``db``."""
+    left_out = [item for item in items if _left_out(item)]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if not _left_out(item)]
 
 
 @asynccontextmanager
@@ -192,7 +339,15 @@ async def _drop_role(store: Store, role: str) -> None:
 async def db(store: Store) -> AsyncIterator[Database]:
     """A ``Database`` with memorm's schema created, on SQLite and on Postgres."""
     database = store.database()
-    await database.create_all()
+    if not store.ready:
+        await database.create_all()
+    if CITUS and store.engine == "postgres" and not store.ready:
+        await database.distribute()
+        admin = await asyncpg.connect(asyncpg_dsn())
+        try:
+            await _citus_remember(admin, str(store.schema))
+        finally:
+            await admin.close()
     if not (APP_ROLE and store.engine == "postgres"):
         try:
             yield database
@@ -229,6 +384,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _citus_drop_pool()
     if REQUIRE_POSTGRES and _skipped_postgres:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

@@ -113,6 +113,7 @@ async def test_ensure_index_builds_one_partial_hnsw_index_per_shape_and_metric(d
         assert f"embedding_dim = {DIM}" in definitions[name]
 
 
+@pytest.mark.single_node  # a query plan of the one server (on Citus: tests/test_citus.py)
 async def test_search_uses_the_hnsw_index_after_ensure_index(db: Database) -> None:
     vectors = _unit_vectors(1, 5_000)
     agent, _ = await _load(db, vectors)
@@ -155,6 +156,7 @@ async def test_filtered_search_through_the_index_still_returns_k_matches(db: Dat
     assert np.mean(recalls) >= 0.9, recalls
 
 
+@pytest.mark.single_node  # a query plan of the one server (on Citus: tests/test_citus.py)
 async def test_without_a_matching_index_search_is_an_exact_scan(db: Database) -> None:
     vectors = _unit_vectors(2, 1_000)
     agent, ids = await _load(db, vectors)

@@ -12,6 +12,7 @@ import asyncio
 import os
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -300,3 +301,154 @@ async def test_row_level_security_holds_on_the_shards(cluster: Database, citus_u
             await admin.execute(f'DROP OWNED BY "{role}"; DROP ROLE IF EXISTS "{role}"')
         finally:
             await admin.close()
+
+
+async def test_migrations_run_on_the_distributed_tables(cluster: Database, citus_url: str) -> None:
+    """Down across 0010 and up again on a distributed database: every shard follows, no row is lost."""
+    from datetime import timedelta
+
+    from memorm.types import utcnow
+
+    async with cluster.unit_of_work() as uow:
+        chats = []
+        for n in range(12):
+            agent = await uow.agents.create(f"agent-{n}")
+            chat = await uow.sessions.create(agent.id, ttl=3600 if n % 2 else None)
+            await uow.messages.append(chat.id, [{"role": "user", "content": f"hi {n}"}] * 3)
+            chats.append(chat.id)
+
+    async def shard_indexes() -> list[str]:
+        found: list[str] = []
+        for port in (5434, 5435):
+            url = cluster.url.set(drivername="postgresql", port=port)
+            worker = await asyncpg.connect(url.render_as_string())
+            try:  # a worker hides its shards from catalog queries unless told not to
+                await worker.execute("SET citus.override_table_visibility = off")
+                found += (
+                    await worker.fetchval(
+                        "SELECT array_agg(indexdef) FROM pg_indexes "
+                        "WHERE indexname LIKE 'ix_sessions_expires_at_%'"
+                    )
+                    or []
+                )
+            finally:
+                await worker.close()
+        return found
+
+    shards = await shard_indexes()
+    assert shards
+    assert all(index.endswith("WHERE (expires_at IS NOT NULL)") for index in shards)
+    await cluster.downgrade("0009")
+    assert await is_distributed(cluster)
+    assert [index for index in await shard_indexes() if "WHERE" in index] == []
+    assert len(await shard_indexes()) == len(shards)
+    await cluster.upgrade()
+    assert sorted(await shard_indexes()) == sorted(shards)
+    async with Database(citus_url) as db:  # a new Database checks the schema: at head
+        async with db.unit_of_work(read_only=True) as uow:
+            assert [await uow.messages.count(chat) for chat in chats] == [3] * 12
+        async with db.unit_of_work(all_tenants=True) as uow:
+            purged = await uow.sessions.purge_expired(now=utcnow() + timedelta(hours=2))
+        assert (purged.sessions, purged.messages) == (6, 18)
+
+
+def _worker(port: int, action: str) -> None:
+    """Stop or start one worker of the local cluster (its PostgreSQL cluster `citus<port>`)."""
+    major = sorted(os.listdir("/usr/lib/postgresql"), key=int)[-1]
+    command = ["pg_ctlcluster", "--skip-systemctl-redirect", major, f"citus{port}", action]
+    subprocess.run(command + (["-m", "fast"] if action == "stop" else []), check=True, capture_output=True)
+
+
+async def _workers_of(db: Database, agents: list[uuid.UUID]) -> dict[uuid.UUID, int]:
+    """The port of the worker holding each agent's shard."""
+    connection = await asyncpg.connect(db.url.set(drivername="postgresql").render_as_string())
+    try:
+        rows = await connection.fetch(
+            """
+            SELECT a.id, n.nodeport FROM unnest($1::uuid[]) AS a(id)
+            JOIN pg_dist_placement p ON p.shardid = get_shard_id_for_distribution_column('messages', a.id)
+            JOIN pg_dist_node n ON n.groupid = p.groupid
+            """,
+            agents,
+        )
+    finally:
+        await connection.close()
+    return {agent: port for agent, port in rows}
+
+
+@pytest.mark.long
+async def test_a_stopped_worker_fails_its_agents_promptly_and_spares_the_others(cluster: Database) -> None:
+    """A worker stopped under load: its agents' units of work fail fast with a MemormError and
+    commit nothing partial, the other worker's agents go on, and all works once it is back."""
+    import anyio
+
+    from memorm import MemormError
+
+    chats: dict[uuid.UUID, uuid.UUID] = {}
+    async with cluster.unit_of_work() as uow:
+        for n in range(16):
+            agent = await uow.agents.create(f"agent-{n}")
+            chats[agent.id] = (await uow.sessions.create(agent.id)).id
+    where = await _workers_of(cluster, list(chats))
+    down, up = 5435, 5434
+    assert {port for port in where.values()} == {down, up}
+    acknowledged: dict[uuid.UUID, list[str]] = {chat: [] for chat in chats.values()}
+    failures: list[tuple[int, float, BaseException]] = []
+    outage = {"on": False, "up_acks": 0}
+    stop = anyio.Event()
+
+    async def load(agent: uuid.UUID, chat: uuid.UUID) -> None:
+        turn = 0
+        while not stop.is_set():
+            pair = [f"{turn} question", f"{turn} answer"]  # one unit of work: both or neither
+            started = time.monotonic()
+            try:
+                with anyio.fail_after(15):  # a hang fails the test
+                    async with cluster.unit_of_work() as uow:
+                        await uow.messages.append(chat, [{"role": "user", "content": text} for text in pair])
+                acknowledged[chat] += pair
+                if outage["on"] and where[agent] == up:
+                    outage["up_acks"] += 1
+            except MemormError as error:
+                failures.append((where[agent], time.monotonic() - started, error))
+                await anyio.sleep(0.05)
+            turn += 1
+
+    async with anyio.create_task_group() as tasks:
+        for agent, chat in chats.items():
+            tasks.start_soon(load, agent, chat)
+        await anyio.sleep(1)
+        assert failures == []
+        await anyio.to_thread.run_sync(_worker, down, "stop")
+        outage["on"] = True
+        try:
+            await anyio.sleep(3)
+        finally:
+            outage["on"] = False
+            await anyio.to_thread.run_sync(_worker, down, "start")
+        during = list(failures)
+        with anyio.fail_after(60):  # the stopped worker's agents write again
+            while True:
+                before = len(failures)
+                await anyio.sleep(1)
+                if len(failures) == before:
+                    break
+        await anyio.sleep(1)
+        stop.set()
+
+    assert during, "no unit of work touched the stopped worker"
+    assert {port for port, _, _ in during} == {down}  # the other worker's agents never failed
+    assert outage["up_acks"] > 0  # ...and went on writing while it was down
+    assert max(elapsed for _, elapsed, _ in failures) < 10  # promptly: no hang until a timeout
+    async with cluster.unit_of_work(read_only=True) as uow:
+        for agent, chat in chats.items():
+            stored = [m.content for m in await uow.messages.window(chat, limit=10_000)]
+            assert [m.seq for m in await uow.messages.window(chat, limit=10_000)] == list(
+                range(1, len(stored) + 1)
+            )
+            # Every acknowledged pair is there; a failed one is there whole or not at all
+            # (a commit cut off by the stop may have landed).
+            assert set(acknowledged[chat]) <= set(stored)
+            turns = [text.split()[0] for text in stored]
+            assert all(turns.count(turn) == 2 for turn in turns), (agent, stored)
+            assert len(stored) > 0

@@ -30,6 +30,11 @@ HANG_GUARD_S = 60  # turns a deletion that never queues behind the writer into a
 
 async def _waiting_behind(uow: UnitOfWork) -> int:
     """How many others wait for a lock this unit of work holds."""
+    if uow.db.distributed:  # the waits are on the workers: Citus's view of the whole cluster
+        waiting = await uow.session.scalar(
+            sa.text("SELECT count(*) FROM citus_lock_waits WHERE blocking_gpid = citus_backend_gpid()")
+        )
+        return int(waiting or 0)
     if uow.db.dialect == "postgresql":
         # pg_locks and pg_blocking_pids are live (pg_stat_activity is a per-transaction snapshot).
         waiting = await uow.session.scalar(

@@ -127,6 +127,7 @@ async def _assert_nothing_holds_a_write_lock(db: Database, store: Store) -> None
             await uow.session.execute(sa.text("SELECT id FROM sessions FOR UPDATE NOWAIT"))
 
 
+@pytest.mark.single_node  # its probe locks every session with one FOR UPDATE
 async def test_cancelling_mid_statement_never_leaves_the_database_locked(db: Database, store: Store) -> None:
     async with db.unit_of_work() as uow:
         agent = await uow.agents.create("sam")
@@ -235,6 +236,7 @@ async def _commit_will_fail(uow: UnitOfWork, store: Store) -> None:
 
 
 @pytest.mark.owner  # DDL, or plans that differ under row-level security
+@pytest.mark.single_node  # a deferred trigger fails the commit: no triggers on Citus's tables
 async def test_leaving_a_unit_of_work_whose_commit_failed_rolls_back_and_raises(
     db: Database, store: Store
 ) -> None:

@@ -254,7 +254,8 @@ class AgentRepository(Repository):
             table.name: sa.and_(*scope(table), *await filter_conditions(self.session, table, where))
             for table in (SESSIONS, MESSAGES, PASSAGES)
         }
-        sessions = sa.select(SESSIONS.c.tenant, SESSIONS.c.id).where(
+        # Sessions and messages are matched with their agent too: on Citus, a join on the shard key.
+        sessions = sa.select(SESSIONS.c.tenant, SESSIONS.c.id, SESSIONS.c.agent_id).where(
             *scope(SESSIONS),
             sa.or_(sa.tuple_(SESSIONS.c.tenant, SESSIONS.c.agent_id).in_(agents), tagged["sessions"]),
         )
@@ -262,7 +263,10 @@ class AgentRepository(Repository):
         messages = sa.and_(
             *scope(MESSAGES),
             with_answers(
-                sa.or_(sa.tuple_(MESSAGES.c.tenant, MESSAGES.c.session_id).in_(sessions), tagged["messages"])
+                sa.or_(
+                    sa.tuple_(MESSAGES.c.tenant, MESSAGES.c.session_id, MESSAGES.c.agent_id).in_(sessions),
+                    tagged["messages"],
+                )
             ),
         )
         passages = sa.and_(
@@ -292,7 +296,7 @@ class AgentRepository(Repository):
                 .where(*scope(AGENTS), sa.tuple_(AGENTS.c.tenant, AGENTS.c.id).in_(changed))
                 .values(archive_version=AGENTS.c.archive_version + 1)
             )
-        in_sessions = sa.tuple_(SESSIONS.c.tenant, SESSIONS.c.id).in_(sessions)
+        in_sessions = sa.tuple_(SESSIONS.c.tenant, SESSIONS.c.id, SESSIONS.c.agent_id).in_(sessions)
         await self._lock_sessions(*scope(SESSIONS), in_sessions)
         removed = Removed(
             messages=await self._rowcount(sa.delete(MESSAGES).where(messages)),

@@ -68,7 +68,7 @@ class Repository:
             return None
         tenant = self._owner
         agent: uuid.UUID | None = routes.get(tenant, session_id)
-        if agent is None and self.session.info.get(DISTRIBUTED, False):
+        if agent is None and self._sharded:
             agent = await self._scalar(
                 sa.select(SESSIONS.c.agent_id).where(*self._own(SESSIONS), SESSIONS.c.id == session_id)
             )
@@ -158,7 +158,18 @@ class Repository:
         in the same order makes a concurrent writer queue instead of deadlock.
         SQLite ignores it: its writers queue for the one write lock anyway.
         """
+        if self._sharded:
+            # Citus locks rows with FOR UPDATE only in a one-shard query; an UPDATE
+            # that changes nothing locks them on every shard (in no particular order:
+            # its distributed deadlock detection breaks what a crossing writer starts).
+            await self._execute(sa.update(SESSIONS).where(*where).values(next_seq=SESSIONS.c.next_seq))
+            return
         await self._execute(sa.select(SESSIONS.c.id).where(*where).order_by(SESSIONS.c.id).with_for_update())
+
+    @property
+    def _sharded(self) -> bool:
+        """Whether the tables are distributed by agent (Citus)."""
+        return bool(self.session.info.get(DISTRIBUTED, False))
 
     @asynccontextmanager
     async def _savepoint(self, written: Mapping[str, Any] | None = None) -> AsyncIterator[None]:

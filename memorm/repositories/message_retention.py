@@ -38,6 +38,7 @@ def _previous(answer: sa.FromClause, column: str) -> sa.ScalarSelect[Any]:
         sa.select(head.c[column])
         .where(
             head.c.tenant == answer.c.tenant,
+            head.c.agent_id == answer.c.agent_id,  # the same session's: on Citus, the same shard
             head.c.session_id == answer.c.session_id,
             head.c.seq < answer.c.seq,
             head.c.role != "tool",
@@ -60,10 +61,12 @@ def with_answers(doomed: ColumnElement[bool]) -> ColumnElement[bool]:
     # Uncorrelated: inside a DELETE FROM messages, these must still read the table afresh.
     # Rows are matched by (tenant, id): ids are unique only within a tenant.
     heads = sa.select(MESSAGES.c.tenant, MESSAGES.c.id).where(doomed).correlate(None)
-    chats = sa.select(MESSAGES.c.tenant, MESSAGES.c.session_id).where(doomed).correlate(None)
+    chats = (
+        sa.select(MESSAGES.c.tenant, MESSAGES.c.agent_id, MESSAGES.c.session_id).where(doomed).correlate(None)
+    )
     answers = sa.select(answer.c.tenant, answer.c.id).where(
         answer.c.role == "tool",
-        sa.tuple_(answer.c.tenant, answer.c.session_id).in_(chats),
+        sa.tuple_(answer.c.tenant, answer.c.agent_id, answer.c.session_id).in_(chats),
         sa.tuple_(answer.c.tenant, _previous(answer, "id")).in_(heads),
     )
     return sa.or_(doomed, sa.tuple_(MESSAGES.c.tenant, MESSAGES.c.id).in_(answers))

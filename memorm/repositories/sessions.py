@@ -193,7 +193,8 @@ class SessionRepository(Repository):
         unit of work; to commit every batch (for a long purge beside live
         traffic) use [`memorm.retention.purge_expired`][memorm.retention.purge_expired].  On Postgres,
         sessions locked by a concurrent unit of work (an append in flight) are
-        skipped and left for the next purge.  With `dry_run`, only counts.
+        skipped and left for the next purge (on a Citus cluster the purge waits
+        for them, and keeps those the write renewed).  With `dry_run`, only counts.
         """
         instant = utcnow() if now is None else check_aware(now, "now")
         size = check_batch(batch)
@@ -215,13 +216,21 @@ class SessionRepository(Repository):
     async def _purge_batch(self, instant: datetime, size: int) -> Removed:
         """Delete up to `size` sessions expired at `instant`, soonest expired first."""
         # (tenant, id) pairs: across tenants, an id alone may name two sessions.
-        ids = await self._pairs(
-            sa.select(SESSIONS.c.tenant, SESSIONS.c.id)
-            .where(*self._within(SESSIONS), SESSIONS.c.expires_at <= instant)
-            .order_by(SESSIONS.c.expires_at)
-            .limit(size)
-            .with_for_update(skip_locked=True)
-        )
+        expired = (*self._within(SESSIONS), SESSIONS.c.expires_at <= instant)
+        batch = sa.select(SESSIONS.c.tenant, SESSIONS.c.id).where(*expired).order_by(SESSIONS.c.expires_at)
+        if self._sharded:
+            # Citus cannot lock rows of several shards with FOR UPDATE: lock them by
+            # an UPDATE that changes nothing, and keep those still expired once locked
+            # (a write in flight may have renewed one: it waits for that write).
+            found = await self._pairs(batch.limit(size))
+            ids = found and await self._pairs(
+                sa.update(SESSIONS)
+                .where(*expired, sa.tuple_(SESSIONS.c.tenant, SESSIONS.c.id).in_(found))
+                .values(next_seq=SESSIONS.c.next_seq)
+                .returning(SESSIONS.c.tenant, SESSIONS.c.id)
+            )
+        else:
+            ids = await self._pairs(batch.limit(size).with_for_update(skip_locked=True))
         if not ids:
             return Removed()
         # Messages first (the cascade would delete them too, but not count them).

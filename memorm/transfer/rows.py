@@ -28,6 +28,7 @@ from memorm.driver import fetch, insert_rows
 from memorm.errors import ConflictError, ValidationError
 from memorm.models import AGENT_NAMES, AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS, fields
 from memorm.progress import Reporter, Silent
+from memorm.routing import DISTRIBUTED
 from memorm.transfer.lookup import matching
 from memorm.transfer.scope import Scope, scoped
 from memorm.translate import guarded
@@ -108,7 +109,10 @@ async def _tenants_of(db: Database, table: sa.Table, tenant: Scope) -> list[str]
     if tenant is not None:
         return [tenant]
     async with scoped(db, None, read_only=True) as uow, guarded(uow.session):
-        return sorted((await uow.session.execute(_tenants(table))).scalars())
+        # Citus runs a recursive CTE only within one shard: there, each shard's DISTINCT.
+        sharded = uow.session.info.get(DISTRIBUTED, False)
+        statement = sa.select(table.c.tenant).distinct() if sharded else _tenants(table)
+        return sorted((await uow.session.execute(statement)).scalars())
 
 
 async def count_rows(db: Database, table: sa.Table, *, tenant: Scope = None) -> int:
