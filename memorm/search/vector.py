@@ -194,17 +194,20 @@ async def _search_settings(session: AsyncSession, ef_search: int) -> None:
     """Set `hnsw.ef_search` and `hnsw.iterative_scan` for the search that follows.
 
     With filters (the agent, at least) an index scan must go on until `k`
-    rows pass: that is the iterative scan.  One round trip either way.
+    rows pass: that is the iterative scan.
 
     * One server: session-level `set_config` (a read-only unit of work has no
       transaction for `SET LOCAL`), set by every search, so one search's
-      values never leak into another.
+      values never leak into another.  One round trip.
     * Citus: the shard query runs on a worker, which `set_config` on the
       coordinator never reaches; Citus passes on `SET LOCAL` (with
       `citus.propagate_set_commands = 'local'`) to the worker connections of
-      the transaction, as for the tenant (`memorm.tenancy`).  A read-only
-      unit of work has no transaction yet: the settings begin one (`READ
-      ONLY`), which lasts until the unit of work ends, like a tenant's.
+      the transaction, as for the tenant (`memorm.tenancy`).  One round trip
+      inside a transaction.  A read-only unit of work has none yet: the
+      search begins one (`READ ONLY`), which lasts until the unit of work
+      ends, like a tenant's.  Its `BEGIN` goes on its own: Citus replays a
+      propagated `SET LOCAL`'s whole query string on the workers, and a
+      `BEGIN` in it would warn on every worker transaction.
     """
     if not session.info.get(DISTRIBUTED, False):
         await session.execute(
@@ -217,17 +220,17 @@ async def _search_settings(session: AsyncSession, ef_search: int) -> None:
     connection = await session.connection()
     raw = await connection.get_raw_connection()
     driver: Any = raw.driver_connection
-    settings = (
-        f"{_PROPAGATE}; SET LOCAL hnsw.ef_search = {int(ef_search)}; "
-        "SET LOCAL hnsw.iterative_scan = strict_order"
-    )
     if not in_transaction(driver):
         if getattr(raw.dbapi_connection, "autocommit", False):  # the unit of work begins its own
             mode = " READ ONLY" if session.info.get(READ_ONLY, False) else ""
-            settings = f"BEGIN ISOLATION LEVEL READ COMMITTED{mode}; {settings}"
-        else:  # SQLAlchemy begins the transaction with its first statement
+            await driver.execute(f"BEGIN ISOLATION LEVEL READ COMMITTED{mode}")
+        else:  # SQLAlchemy begins its transaction with its first statement
             await connection.exec_driver_sql(_PROPAGATE)
-    await driver.execute(settings)  # several statements: the simple protocol, one round trip
+    # Several statements in one message (the simple protocol): one round trip.
+    await driver.execute(
+        f"{_PROPAGATE}; SET LOCAL hnsw.ef_search = {int(ef_search)}; "
+        "SET LOCAL hnsw.iterative_scan = strict_order"
+    )
 
 
 async def _pg_nearest(
