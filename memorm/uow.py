@@ -79,6 +79,7 @@ class UnitOfWork:
         self._session: AsyncSession | None = None  # the open unit of work's session
         self._interrupted = False
         self._sets_tenant = False
+        self._begins_itself = False  # Postgres, autocommit mode: the unit of work sends BEGIN and COMMIT
 
     async def __aenter__(self) -> UnitOfWork:
         if self._open:
@@ -109,7 +110,9 @@ class UnitOfWork:
             await protect(self._finish())
             return
         try:
-            if not self.read_only or self._sets_tenant:  # else no transaction to end
+            # A read-only unit of work has a transaction only if it set a tenant, or
+            # a vector search on a Citus cluster began one for its settings.
+            if not self.read_only or self._sets_tenant or in_transaction(self._driver):
                 # An anyio cancellation waits until the COMMIT is through, so a caller
                 # leaving a cancelled scope knows this unit of work committed.  asyncio's
                 # own cancellation cannot be held off this cheaply: a COMMIT it cuts
@@ -149,9 +152,11 @@ class UnitOfWork:
             # gives every statement a fresh snapshot inside a transaction too; but
             # the tenant setting needs a transaction to live in.
             options[READ_ONLY] = True
-        if self.db.dialect == "postgresql" and (self.read_only or self._sets_tenant):
+        self._begins_itself = self.db.dialect == "postgresql" and (self.read_only or self._sets_tenant)
+        if self._begins_itself:
             # A tenant's transaction is begun (and ended) by the unit of work itself,
-            # BEGIN and the tenant's setting in one round trip (memorm.tenancy).
+            # BEGIN and the tenant's setting in one round trip (memorm.tenancy); so is
+            # the one a read-only vector search begins on Citus (memorm.search.vector).
             options["isolation_level"] = "AUTOCOMMIT"
         engine = state.with_options(self.read_only, options)
         with translating():
@@ -223,7 +228,7 @@ class UnitOfWork:
             try:
                 if session is not None:
                     await session.close()  # rolls back whatever is left
-                if self._sets_tenant and in_transaction(self._driver):
+                if self._begins_itself and in_transaction(self._driver):
                     await self._driver.execute("ROLLBACK")  # the transaction the unit of work began
                 dirty = in_transaction(self._driver)
             except Exception:
@@ -250,7 +255,7 @@ class UnitOfWork:
         try:
             with translating():
                 await self.session.commit()
-                if self._sets_tenant and in_transaction(self._driver):
+                if self._begins_itself and in_transaction(self._driver):
                     await self._driver.execute("COMMIT")  # the transaction the unit of work began
         except MemormError as error:
             self.session.info[FAILED] = error  # a failed COMMIT leaves nothing to commit later
@@ -270,5 +275,5 @@ class UnitOfWork:
         self.session.info.pop(ARCHIVE_WRITES, None)
         with translating():
             await self.session.rollback()
-            if self._sets_tenant and in_transaction(self._driver):
+            if self._begins_itself and in_transaction(self._driver):
                 await self._driver.execute("ROLLBACK")

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import asyncpg
+import numpy as np
 import pytest
 import sqlalchemy as sa
 
@@ -452,3 +453,101 @@ async def test_a_stopped_worker_fails_its_agents_promptly_and_spares_the_others(
             turns = [text.split()[0] for text in stored]
             assert all(turns.count(turn) == 2 for turn in turns), (agent, stored)
             assert len(stored) > 0
+
+
+async def _agents_on_one_shard(db: Database, count: int) -> tuple[uuid.UUID, ...]:
+    """Two agents whose rows share a shard (more agents than shards: two must)."""
+    async with db.unit_of_work() as uow:
+        agents = [(await uow.agents.create(f"agent-{n}")).id for n in range(count)]
+        rows = await uow.session.execute(
+            sa.text(
+                "SELECT id, get_shard_id_for_distribution_column('archival_passages', id) "
+                "FROM unnest(CAST(:ids AS uuid[])) AS a(id)"
+            ),
+            {"ids": agents},
+        )
+        shards: dict[int, list[uuid.UUID]] = {}
+        for agent, shard in rows:
+            shards.setdefault(shard, []).append(agent)
+    return next(tuple(together[:2]) for together in shards.values() if len(together) > 1)
+
+
+_WORKER_SETTING = sa.text(
+    # A query routed to the agent's shard runs whole on the worker: current_setting is the worker's.
+    "SELECT current_setting(:name) FROM archival_passages WHERE agent_id = :agent LIMIT 1"
+)
+
+
+async def test_hnsw_on_the_shards_takes_the_search_settings_and_finds_k_for_a_small_agent(
+    cluster: Database,
+) -> None:
+    """The HNSW settings reach the worker running the shard query (SET LOCAL, passed on by Citus).
+
+    A small agent's passages lie far from the query, among a crowd of another
+    agent's on the same shard, close to it: the shard's index yields the
+    crowd first, and only pgvector's iterative scan, on the worker, goes on
+    until the small agent's k are found.
+    """
+    dim, shards = 8, 32  # citus.shard_count's default: 33 agents put two on one shard
+    crowd, small = await _agents_on_one_shard(cluster, shards + 1)
+    noise = np.random.default_rng(15).normal(0.0, 0.1, (3_005, dim - 1))
+    async with cluster.unit_of_work() as uow:
+        await uow.passages.add_many(
+            crowd, [{"text": f"crowd {i}", "embedding": [1.0, *noise[i]]} for i in range(3_000)]
+        )
+        await uow.passages.add_many(
+            small, [{"text": f"mine {i}", "embedding": [-1.0, *noise[3_000 + i]]} for i in range(5)]
+        )
+        name = await uow.passages.ensure_index("default", dim, "cosine")
+        # The build ran on the workers with the raised maintenance_work_mem.
+        built = await uow.session.scalar(_WORKER_SETTING, {"name": "maintenance_work_mem", "agent": small})
+        assert built == "512MB"
+    query = [1.0] + [0.0] * (dim - 1)
+    sent: list[tuple[str, tuple[object, ...]]] = []
+
+    def capture(conn: object, cursor: object, statement: str, parameters: object, *_: object) -> None:
+        if "ORDER BY distance" in statement:
+            sent.append((statement, tuple(parameters)))  # type: ignore[arg-type]
+
+    sa.event.listen(cluster.engine.sync_engine, "before_cursor_execute", capture)
+    try:
+        for read_only, after_commit in ((True, False), (False, False), (False, True)):
+            async with cluster.unit_of_work(read_only=read_only) as uow:
+                driver = (await (await uow.session.connection()).get_raw_connection()).driver_connection
+                if after_commit:  # the search's settings then begin the transaction
+                    await uow.passages.search(small, query, k=1)
+                    await uow.commit()
+                warnings: list[object] = []  # the workers' are relayed too
+
+                def listen(_connection: object, message: object, warnings: list[object] = warnings) -> None:
+                    warnings.append(message)
+
+                driver.add_log_listener(listen)
+                try:
+                    hits = await uow.passages.search(small, query, k=5, ef_search=17)
+                finally:
+                    driver.remove_log_listener(listen)
+                assert not warnings  # e.g. a BEGIN replayed inside a worker's transaction
+                assert sorted(hit.passage.text for hit in hits) == [f"mine {i}" for i in range(5)]
+                for setting, value in (("hnsw.ef_search", "17"), ("hnsw.iterative_scan", "strict_order")):
+                    found = await uow.session.scalar(_WORKER_SETTING, {"name": setting, "agent": small})
+                    assert found == value
+                statement, parameters = sent[-1]
+                rows = await driver.fetch(
+                    f"EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) {statement}", *parameters
+                )
+                plan = "\n".join(row[0] for row in rows)
+                # The worker walked the shard's own copy of the index (name_<shard id>),
+                # past the crowd, to the small agent's five.
+                assert f"Index Scan using {name}_" in plan, plan
+                assert "(actual rows=5 loops=1)" in plan.split(f"Index Scan using {name}_")[1], plan
+    finally:
+        sa.event.remove(cluster.engine.sync_engine, "before_cursor_execute", capture)
+    async with cluster.unit_of_work(read_only=True) as uow:  # every transaction above was ended
+        left = await uow.session.scalar(
+            sa.text(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND state LIKE 'idle in transaction%'"
+            )
+        )
+        assert left == 0

@@ -40,8 +40,11 @@ from sqlalchemy.schema import CreateIndex
 from sqlalchemy.sql import ColumnElement
 
 from memorm.concurrency import CrossLoopLock
+from memorm.driver import in_transaction
 from memorm.errors import NotFoundError, ValidationError
 from memorm.models import AGENTS, PASSAGES, ArchivalPassage, EmbeddingModel
+from memorm.routing import DISTRIBUTED
+from memorm.translate import READ_ONLY
 from memorm.types import VectorType
 
 if TYPE_CHECKING:
@@ -70,6 +73,8 @@ _EF_CONSTRUCTION = (4, 1000)
 # AsyncSession.info: (tenant, agent id)s whose archive this unit of work changed
 ARCHIVE_WRITES = "memorm_archive_writes"
 _TIE_MARGIN = 16  # rows read past k+offset, so equal distances there can be ordered by id
+# Citus passes the transaction's later SET LOCALs on to its worker connections.
+_PROPAGATE = "SET LOCAL citus.propagate_set_commands = 'local'"
 _THREAD_ABOVE = 200_000  # matrix cells; smaller searches run inline (a thread hop costs ~0.1 ms)
 
 
@@ -176,10 +181,56 @@ async def ensure_index(
         ),
     )
     # HNSW builds are memory-hungry: with the default 64 MB, 100k x 384 took 2-4x longer.
+    # On Citus the shards' indexes are built on the workers: the setting goes there too.
+    if session.info.get(DISTRIBUTED, False):
+        await connection.exec_driver_sql(_PROPAGATE)
     await connection.exec_driver_sql("SET LOCAL maintenance_work_mem = '512MB'")
     # IF NOT EXISTS in the DDL itself: an inspector probe can look in another schema.
     await connection.execute(CreateIndex(index, if_not_exists=True))
     return name
+
+
+async def _search_settings(session: AsyncSession, ef_search: int) -> None:
+    """Set `hnsw.ef_search` and `hnsw.iterative_scan` for the search that follows.
+
+    With filters (the agent, at least) an index scan must go on until `k`
+    rows pass: that is the iterative scan.
+
+    * One server: session-level `set_config` (a read-only unit of work has no
+      transaction for `SET LOCAL`), set by every search, so one search's
+      values never leak into another.  One round trip.
+    * Citus: the shard query runs on a worker, which `set_config` on the
+      coordinator never reaches; Citus passes on `SET LOCAL` (with
+      `citus.propagate_set_commands = 'local'`) to the worker connections of
+      the transaction, as for the tenant (`memorm.tenancy`).  One round trip
+      inside a transaction.  A read-only unit of work has none yet: the
+      search begins one (`READ ONLY`), which lasts until the unit of work
+      ends, like a tenant's.  Its `BEGIN` goes on its own: Citus replays a
+      propagated `SET LOCAL`'s whole query string on the workers, and a
+      `BEGIN` in it would warn on every worker transaction.
+    """
+    if not session.info.get(DISTRIBUTED, False):
+        await session.execute(
+            sa.select(
+                sa.func.set_config("hnsw.ef_search", str(ef_search), False),
+                sa.func.set_config("hnsw.iterative_scan", "strict_order", False),
+            )
+        )
+        return
+    connection = await session.connection()
+    raw = await connection.get_raw_connection()
+    driver: Any = raw.driver_connection
+    if not in_transaction(driver):
+        if getattr(raw.dbapi_connection, "autocommit", False):  # the unit of work begins its own
+            mode = " READ ONLY" if session.info.get(READ_ONLY, False) else ""
+            await driver.execute(f"BEGIN ISOLATION LEVEL READ COMMITTED{mode}")
+        else:  # SQLAlchemy begins its transaction with its first statement
+            await connection.exec_driver_sql(_PROPAGATE)
+    # Several statements in one message (the simple protocol): one round trip.
+    await driver.execute(
+        f"{_PROPAGATE}; SET LOCAL hnsw.ef_search = {int(ef_search)}; "
+        "SET LOCAL hnsw.iterative_scan = strict_order"
+    )
 
 
 async def _pg_nearest(
@@ -196,15 +247,7 @@ async def _pg_nearest(
     vector_type = VectorType(half=model.precision == "float16")
     target = sa.cast(sa.bindparam("query", query, type_=vector_type), _pg_column(model).type)
     distance = _pg_column(model).op(_OPERATORS[metric], return_type=sa.Float)(target).label("distance")
-    # Session-level settings (read-only units of work have no transaction for SET
-    # LOCAL), set by every search, so one search's values never leak into another.
-    # With filters (the agent, at least) an index scan must go on until k rows pass.
-    await session.execute(
-        sa.select(
-            sa.func.set_config("hnsw.ef_search", str(ef_search or DEFAULT_EF_SEARCH), False),
-            sa.func.set_config("hnsw.iterative_scan", "strict_order", False),
-        )
-    )
+    await _search_settings(session, ef_search or DEFAULT_EF_SEARCH)
     # The index yields rows in distance order only for ORDER BY distance alone:
     # take the nearest few that way, then break ties by id here.
     want = k + offset
