@@ -27,7 +27,7 @@ __all__ = [
     "TENANT",
     "TENANT_SETTING",
     "TenantSession",
-    "begin_statement",
+    "begin_statements",
     "check_tenant",
 ]
 
@@ -59,25 +59,28 @@ TENANT = "memorm_tenant"  # Session.info: the tenant each transaction sets on Po
 READ_ONLY_BEGIN = "memorm_read_only_begin"  # Session.info: its transactions are READ ONLY
 
 
-def begin_statement(tenant: str, *, read_only: bool, distributed: bool = False) -> str:
-    """`BEGIN` and the tenant's setting, as one simple-protocol message (one round trip).
+def begin_statements(tenant: str, *, read_only: bool, distributed: bool = False) -> tuple[str, ...]:
+    """`BEGIN` and the tenant's setting, as simple-protocol messages (one round trip each).
 
     The tenant travels hex-encoded (UTF-8), so the statement holds only
-    hex digits from it, whatever characters the name has.  On a Citus
-    cluster the setting must reach the workers that run the shard queries:
-    Citus passes on `SET LOCAL` (with `citus.propagate_set_commands =
-    'local'`), not `set_config`, and `SET` takes only a literal, so the name
-    is written as an escape string literal (`E'…'`, backslashes and quotes
-    escaped; a tenant has no NUL).
+    hex digits from it, whatever characters the name has: one message on a
+    single server.  On a Citus cluster the setting must reach the workers
+    that run the shard queries: Citus passes on `SET LOCAL` (with
+    `citus.propagate_set_commands = 'local'`), not `set_config`, and `SET`
+    takes only a literal, so the name is written as an escape string literal
+    (`E'…'`, backslashes and quotes escaped; a tenant has no NUL).  There
+    `BEGIN` goes alone, a round trip more: Citus replays the whole message
+    of a propagated `SET LOCAL` on the workers, where a `BEGIN` in it would
+    warn on every transaction.
     """
     mode = " READ ONLY" if read_only else ""
     begin = f"BEGIN ISOLATION LEVEL READ COMMITTED{mode}"
     if distributed:
         literal = "E'" + tenant.replace("\\", "\\\\").replace("'", "\\'") + "'"
         propagate = "SET LOCAL citus.propagate_set_commands = 'local'"
-        return f"{begin}; {propagate}; SET LOCAL {TENANT_SETTING} = {literal}"
+        return begin, f"{propagate}; SET LOCAL {TENANT_SETTING} = {literal}"
     value = f"convert_from(decode('{tenant.encode().hex()}', 'hex'), 'UTF8')"
-    return f"{begin}; SELECT set_config('{TENANT_SETTING}', {value}, true)"
+    return (f"{begin}; SELECT set_config('{TENANT_SETTING}', {value}, true)",)
 
 
 class TenantSession(Session):
@@ -97,11 +100,12 @@ class TenantSession(Session):
 @event.listens_for(TenantSession, "after_begin")
 def _set_tenant(session: Session, transaction: Any, connection: sa.Connection) -> None:
     tenant = session.info.get(TENANT)
-    if tenant is not None:
+    if tenant is not None and transaction.parent is None:  # not a SAVEPOINT: it is begun already
         driver = connection.connection.driver_connection
-        statement = begin_statement(
+        statements = begin_statements(
             tenant,
             read_only=session.info.get(READ_ONLY_BEGIN, False),
             distributed=session.info.get(DISTRIBUTED, False),
         )
-        await_only(driver.execute(statement))  # type: ignore[union-attr]
+        for statement in statements:
+            await_only(driver.execute(statement))  # type: ignore[union-attr]

@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import numpy as np
@@ -277,6 +278,12 @@ async def test_row_level_security_holds_on_the_shards(cluster: Database, citus_u
     await create_role(cluster, role)
     tenants = ("acme", "o'brien \\\\ co")  # a quote and backslashes: the name is a literal in SET LOCAL
     app = Database(cluster.url.set(username=role))
+    warnings: list[object] = []  # notices and warnings, the workers' relayed too
+
+    def listen(dbapi_connection: Any, _record: object) -> None:
+        dbapi_connection.driver_connection.add_log_listener(lambda _c, message: warnings.append(message))
+
+    sa.event.listen(app.engine.sync_engine, "connect", listen)
     try:
         chats = {}
         for tenant in tenants:
@@ -295,6 +302,7 @@ async def test_row_level_security_holds_on_the_shards(cluster: Database, citus_u
                 assert seen == {tenant}  # raw SQL on the shards: this tenant's rows only
         async with app.unit_of_work("nobody", read_only=True) as uow:
             assert (await uow.session.execute(sa.text("SELECT count(*) FROM agents"))).scalar() == 0
+        assert warnings == []  # e.g. a BEGIN replayed inside a worker's transaction
     finally:
         await app.dispose()
         admin = await asyncpg.connect(citus_url)

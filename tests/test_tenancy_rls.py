@@ -220,3 +220,17 @@ async def test_all_tenants_works_for_a_superuser_after_create_all(store: Store) 
         assert db.bypasses_rls
     finally:
         await db.dispose()
+
+
+async def test_a_tenants_transaction_begins_once_whatever_savepoints_it_takes(roles: Roles) -> None:
+    """Writes that may conflict run in a SAVEPOINT; the tenant's BEGIN is not sent again for one."""
+    notices: list[object] = []
+
+    def listen(dbapi_connection: Any, _record: object) -> None:
+        dbapi_connection.driver_connection.add_log_listener(lambda _c, message: notices.append(message))
+
+    sa.event.listen(roles.app.engine.sync_engine, "connect", listen)
+    await _fill(roles.app, "acme")  # agents and sessions are created in savepoints
+    async with roles.app.unit_of_work("acme", read_only=True) as uow:
+        assert await uow.agents.get_by_name("sam") is not None
+    assert notices == []  # was: "there is already a transaction in progress", per savepoint
