@@ -38,6 +38,7 @@ def _previous(answer: sa.FromClause, column: str) -> sa.ScalarSelect[Any]:
         sa.select(head.c[column])
         .where(
             head.c.tenant == answer.c.tenant,
+            head.c.agent_id == answer.c.agent_id,  # implied by the session; keeps Citus on one shard
             head.c.session_id == answer.c.session_id,
             head.c.seq < answer.c.seq,
             head.c.role != "tool",
@@ -134,7 +135,11 @@ class MessageRetention(MessageQueries):
         if expired_at is not None:
             expired = (
                 sa.select(SESSIONS.c.id)
-                .where(SESSIONS.c.tenant == tenant, SESSIONS.c.expires_at <= expired_at)
+                .where(
+                    SESSIONS.c.tenant == tenant,
+                    SESSIONS.c.agent_id == owner,
+                    SESSIONS.c.expires_at <= expired_at,
+                )
                 .scalar_subquery()
             )
             old = old.where(MESSAGES.c.session_id.not_in(expired))
@@ -153,7 +158,11 @@ class MessageRetention(MessageQueries):
             SESSIONS.c.id.in_(sessions.scalar_subquery()),
         )
         return await self._rowcount(
-            sa.delete(MESSAGES).where(MESSAGES.c.tenant == tenant, MESSAGES.c.id.in_(found.scalar_subquery()))
+            sa.delete(MESSAGES).where(
+                MESSAGES.c.tenant == tenant,
+                MESSAGES.c.agent_id == owner,
+                MESSAGES.c.id.in_(found.scalar_subquery()),
+            )
         )
 
     async def _delete_old_batch(
@@ -174,5 +183,9 @@ class MessageRetention(MessageQueries):
             SESSIONS.c.id.in_(sa.select(doomed.c.session_id).scalar_subquery()),
         )
         return await self._rowcount(
-            sa.delete(MESSAGES).where(MESSAGES.c.tenant == tenant, MESSAGES.c.id.in_(sa.select(doomed.c.id)))
+            sa.delete(MESSAGES).where(
+                MESSAGES.c.tenant == tenant,
+                MESSAGES.c.agent_id == owner,
+                MESSAGES.c.id.in_(sa.select(doomed.c.id)),
+            )
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -215,13 +215,16 @@ class SessionRepository(Repository):
     async def _purge_batch(self, instant: datetime, size: int) -> Removed:
         """Delete up to `size` sessions expired at `instant`, soonest expired first."""
         # (tenant, id) pairs: across tenants, an id alone may name two sessions.
-        ids = await self._pairs(
+        expired = (
             sa.select(SESSIONS.c.tenant, SESSIONS.c.id)
             .where(*self._within(SESSIONS), SESSIONS.c.expires_at <= instant)
             .order_by(SESSIONS.c.expires_at)
             .limit(size)
-            .with_for_update(skip_locked=True)
         )
+        if self._distributed:
+            ids = await self._lock_expired(expired)
+        else:
+            ids = await self._pairs(expired.with_for_update(skip_locked=True))
         if not ids:
             return Removed()
         # Messages first (the cascade would delete them too, but not count them).
@@ -236,3 +239,23 @@ class SessionRepository(Repository):
             )
         )
         return Removed(sessions=sessions, messages=messages)
+
+    async def _lock_expired(self, expired: sa.Select[Any]) -> Sequence[tuple[str, uuid.UUID]]:
+        """`expired … FOR UPDATE SKIP LOCKED` on a distributed database: the first sessions no one holds.
+
+        Citus locks rows only one shard at a time, so the candidates are read
+        first and locked agent by agent; when every candidate is held, the
+        next ones are tried, as `SKIP LOCKED` with a `LIMIT` would.
+        """
+        passed: set[tuple[str, uuid.UUID]] = set()
+        while True:
+            query = expired.add_columns(SESSIONS.c.agent_id)
+            if passed:
+                query = query.where(sa.tuple_(SESSIONS.c.tenant, SESSIONS.c.id).not_in(sorted(passed)))
+            found = [(tenant, agent, key) for tenant, key, agent in map(tuple, await self._execute(query))]
+            if not found:
+                return []
+            locked = await self._lock_by_agent(found, skip_locked=True)
+            if locked:
+                return locked
+            passed.update((tenant, key) for tenant, _, key in found)
