@@ -30,7 +30,7 @@ from tenant_data import FILLED, WORDS, fill, rows_of
 
 from memorm import Database, DatabaseError, MemormError
 from memorm.distribute import is_distributed
-from memorm.retention import Removed, purge_expired
+from memorm.retention import Removed, purge_expired, purge_older_than
 from memorm.types import utcnow
 from tests import citus_kit, test_cli_transfer
 from tests.conftest import count_rows
@@ -285,6 +285,53 @@ def test_forget_erases_a_person_across_shards_in_one_tenant_or_every_tenant(
         "shared passages": ["u42 fact", *facts],
         "u42-bot passages": PEOPLE["u42-bot passages"],
     }
+
+
+@pytest.mark.anyio
+async def test_an_agents_history_purge_runs_on_its_shard_alone(cluster: Database, citus_url: str) -> None:
+    """With citus.multi_task_query_log_level = 'error', any statement that asks several shards fails.
+
+    The purge of one agent's old messages (their tool answers with them, and
+    leaving out sessions already expired) and old passages names the agent
+    in every statement.
+    """
+    now = utcnow()
+    call = {"id": "call_1", "type": "function", "function": {"name": "look", "arguments": "{}"}}
+    async with cluster.unit_of_work() as uow:
+        agent = await uow.agents.create("sam")
+        chat = await uow.sessions.create(agent.id, ttl=3600)
+        old, recent = now - timedelta(days=40), now - timedelta(days=1)
+        await uow.messages.append(
+            chat.id,
+            [
+                {"role": "user", "content": "old q", "created_at": old},
+                {"role": "assistant", "content": "", "tool_calls": [call], "created_at": old},
+                {"role": "tool", "content": "recent answer", "tool_call_id": "call_1", "created_at": recent},
+                {"role": "user", "content": "recent q", "created_at": recent},
+            ],
+        )
+        await uow.passages.add_many(
+            agent.id,
+            [
+                {"text": f"fact {age.days}d", "embedding": [1.0, 0.0], "created_at": now - age}
+                for age in (timedelta(days=40), timedelta(days=1))
+            ],
+        )
+    admin = await asyncpg.connect(citus_kit.asyncpg_url(citus_url))
+    try:
+        await admin.execute(
+            f"ALTER DATABASE \"{cluster.url.database}\" SET citus.multi_task_query_log_level = 'error'"
+        )
+    finally:
+        await admin.close()
+    async with Database(citus_url) as db:  # new connections
+        cutoff = now - timedelta(days=30)
+        expected = Removed(messages=3, passages=1)
+        assert await purge_older_than(db, cutoff, agent=agent.id, after_expired=now, dry_run=True) == expected
+        assert await purge_older_than(db, cutoff, agent=agent.id, batch=1) == expected
+    async with cluster.unit_of_work(read_only=True) as uow:  # (a new Database would look the session up)
+        assert [m.content for m in await uow.messages.window(chat.id)] == ["recent q"]
+        assert [p.text for p in (await uow.passages.list(agent.id)).items] == ["fact 1d"]
 
 
 @pytest.mark.anyio
