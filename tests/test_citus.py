@@ -1,20 +1,18 @@
 """memorm on a Citus cluster (distributed Postgres): a coordinator and two workers.
 
 The cluster comes from ../shared/recipes/citus-cluster (`.ci/run` starts it);
-each test gets a database of its own on every node (`citus-cluster newdb`).
-Without a cluster these tests skip, and fail instead under
-MEMORM_REQUIRE_CITUS=1 (as in `.ci/run`).
+each test gets a database of its own on every node (`citus-cluster newdb`,
+the `citus_url` fixture of tests/citus_kit.py).  Without a cluster these
+tests skip, and fail instead under MEMORM_REQUIRE_CITUS=1 (as in `.ci/run`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,66 +23,13 @@ import sqlalchemy as sa
 
 from memorm import Database, DatabaseError, ValidationError
 from memorm.distribute import DISTRIBUTION, is_distributed
+from tests import citus_kit
 from tests.conftest import throwaway_postgres
 
 pytestmark = [pytest.mark.anyio, pytest.mark.citus]
 
-REQUIRE_CITUS = os.environ.get("MEMORM_REQUIRE_CITUS") == "1"
-RECIPE = Path(__file__).resolve().parents[2] / "shared" / "recipes" / "citus-cluster"
-_ALT_RECIPE = Path("/work/shared/recipes/citus-cluster")
-
-
-def _recipe() -> Path | None:
-    for candidate in (RECIPE, _ALT_RECIPE):
-        if candidate.is_file():
-            return candidate
-    found = shutil.which("citus-cluster")
-    return Path(found) if found else None
-
-
-async def _reachable(dsn: str) -> str | None:
-    try:
-        connection = await asyncpg.connect(dsn, timeout=5)
-    except Exception as error:
-        return f"the Citus coordinator is unreachable: {error}"
-    try:
-        if await connection.fetchval("SELECT 1 FROM pg_available_extensions WHERE name = 'citus'") is None:
-            return "the Citus coordinator has no citus extension"
-    finally:
-        await connection.close()
-    return None
-
-
-@pytest.fixture
-def citus_url() -> Iterator[str]:
-    """A fresh database on every node of the local cluster (`citus-cluster newdb`), dropped afterwards."""
-    recipe = _recipe()
-    reason = None if recipe is not None else "no citus-cluster recipe"
-    if reason is None:
-        reason = asyncio.run(_reachable("postgresql://root@127.0.0.1:5433/postgres"))
-    if reason is not None:
-        if REQUIRE_CITUS:
-            pytest.fail(f"MEMORM_REQUIRE_CITUS=1 but {reason}")
-        pytest.skip(reason)
-    assert recipe is not None
-    name = f"memorm_c_{uuid.uuid4().hex[:10]}"
-    made = subprocess.run([str(recipe), "newdb", name], capture_output=True, text=True, check=True)
-    url = made.stdout.strip().splitlines()[-1]
-    try:
-        yield url
-    finally:
-        subprocess.run([str(recipe), "dropdb", name], capture_output=True, check=False)
-
-
-@pytest.fixture
-async def cluster(citus_url: str) -> AsyncIterator[Database]:
-    db = Database(citus_url)
-    try:
-        await db.upgrade()
-        await db.distribute()
-        yield db
-    finally:
-        await db.dispose()
+citus_url = citus_kit.citus_url  # a fresh database on the cluster
+cluster = citus_kit.cluster  # a Database on it, upgraded and distributed
 
 
 async def test_distribute_is_idempotent_and_puts_every_table_in_place(citus_url: str) -> None:
@@ -445,16 +390,23 @@ async def test_a_stopped_worker_fails_its_agents_promptly_and_spares_the_others(
         await anyio.sleep(1)
         stop.set()
 
+    print(  # for docs/scaling.md
+        f"failed during the outage: {len(during)}, slowest failure {max(e for _, e, _ in failures):.3f} s, "
+        f"other worker's commits meanwhile {outage['up_acks']}, failures in all {len(failures)}; "
+        f"first: {type(failures[0][2]).__name__}: {failures[0][2]}"
+    )
     assert during, "no unit of work touched the stopped worker"
     assert {port for port, _, _ in during} == {down}  # the other worker's agents never failed
     assert outage["up_acks"] > 0  # ...and went on writing while it was down
     assert max(elapsed for _, elapsed, _ in failures) < 10  # promptly: no hang until a timeout
+    history = sa.text(
+        "SELECT seq, content FROM messages WHERE agent_id = :agent AND session_id = :chat ORDER BY seq"
+    )
     async with cluster.unit_of_work(read_only=True) as uow:
         for agent, chat in chats.items():
-            stored = [m.content for m in await uow.messages.window(chat, limit=10_000)]
-            assert [m.seq for m in await uow.messages.window(chat, limit=10_000)] == list(
-                range(1, len(stored) + 1)
-            )
+            rows = (await uow.session.execute(history, {"agent": agent, "chat": chat})).all()
+            stored = [content for _, content in rows]
+            assert [seq for seq, _ in rows] == list(range(1, len(stored) + 1))
             # Every acknowledged pair is there; a failed one is there whole or not at all
             # (a commit cut off by the stop may have landed).
             assert set(acknowledged[chat]) <= set(stored)

@@ -749,6 +749,8 @@ async def _index_traces(db: Database, word: str) -> dict[str, int]:
                     bytes(b).count(word.encode()) for b in blobs if b is not None
                 )
         else:
+            if db.distributed:  # the shards' plans are made on the workers: take the setting there
+                await c.execute(sa.text("SET LOCAL citus.propagate_set_commands = 'local'"))
             await c.execute(sa.text("SET LOCAL enable_seqscan = off"))
             for index in FTS_INDEXES:
                 table, words = index.table.name, index.words

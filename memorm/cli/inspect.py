@@ -48,7 +48,10 @@ def _size(number: float) -> str:
 
 
 async def _database_size(db: Database, connection: Any) -> int:
-    """Bytes on disk: SQLite's file and its WAL; on Postgres, memorm's tables with indexes and TOAST."""
+    """Bytes on disk: SQLite's file and its WAL; on Postgres, memorm's tables with indexes and TOAST.
+
+    On a Citus cluster, the tables' shards on every node (a reference table once per node).
+    """
     from pathlib import Path
 
     import sqlalchemy as sa
@@ -60,8 +63,10 @@ async def _database_size(db: Database, connection: Any) -> int:
         files = [path, path.with_name(path.name + "-wal")]
         return sum(file.stat().st_size for file in files if file.is_file())
     total = 0
+    # On Citus the coordinator's tables are empty shells: the shards' sizes are citus_'s.
+    measure = sa.func.citus_total_relation_size if db.distributed else sa.func.pg_total_relation_size
     for name in sorted(metadata.tables):  # to_regclass: NULL, not an error, for a missing table
-        size = sa.func.pg_total_relation_size(sa.func.to_regclass(name))
+        size = measure(sa.func.to_regclass(name))
         total += int(await connection.scalar(sa.select(sa.func.coalesce(size, 0))) or 0)
     return total
 
@@ -97,7 +102,12 @@ async def _gather(db: Database, tenant: str | None) -> _Stats:
         sa.select(SESSIONS.c.tenant, AGENTS.c.name, SESSIONS.c.title, SESSIONS.c.id, messages)
         .join(AGENTS, sa.and_(AGENTS.c.tenant == SESSIONS.c.tenant, AGENTS.c.id == SESSIONS.c.agent_id))
         .outerjoin(
-            MESSAGES, sa.and_(MESSAGES.c.tenant == SESSIONS.c.tenant, MESSAGES.c.session_id == SESSIONS.c.id)
+            MESSAGES,
+            sa.and_(
+                MESSAGES.c.tenant == SESSIONS.c.tenant,
+                MESSAGES.c.agent_id == SESSIONS.c.agent_id,  # implied; Citus joins on it shard by shard
+                MESSAGES.c.session_id == SESSIONS.c.id,
+            ),
         )
         .where(*scope(SESSIONS))
         .group_by(SESSIONS.c.tenant, AGENTS.c.name, SESSIONS.c.title, SESSIONS.c.id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
+from itertools import groupby
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -68,7 +69,7 @@ class Repository:
             return None
         tenant = self._owner
         agent: uuid.UUID | None = routes.get(tenant, session_id)
-        if agent is None and self._sharded:
+        if agent is None and self._distributed:
             agent = await self._scalar(
                 sa.select(SESSIONS.c.agent_id).where(*self._own(SESSIONS), SESSIONS.c.id == session_id)
             )
@@ -98,6 +99,11 @@ class Repository:
         routes: SessionAgents | None = self.session.info.get(ROUTES)
         if routes is not None and self.tenant is not None:
             routes.drop(self.tenant, session_id)
+
+    @property
+    def _distributed(self) -> bool:
+        """Whether the tables are sharded by agent (Citus): a few statements must then stay on one shard."""
+        return bool(self.session.info.get(DISTRIBUTED, False))
 
     @staticmethod
     def _on(table: sa.Table, agent: uuid.UUID | None) -> list[ColumnElement[bool]]:
@@ -158,18 +164,44 @@ class Repository:
         in the same order makes a concurrent writer queue instead of deadlock.
         SQLite ignores it: its writers queue for the one write lock anyway.
         """
-        if self._sharded:
-            # Citus locks rows with FOR UPDATE only in a one-shard query; an UPDATE
-            # that changes nothing locks them on every shard (in no particular order:
-            # its distributed deadlock detection breaks what a crossing writer starts).
-            await self._execute(sa.update(SESSIONS).where(*where).values(next_seq=SESSIONS.c.next_seq))
+        if not self._distributed:
+            await self._execute(
+                sa.select(SESSIONS.c.id).where(*where).order_by(SESSIONS.c.id).with_for_update()
+            )
             return
-        await self._execute(sa.select(SESSIONS.c.id).where(*where).order_by(SESSIONS.c.id).with_for_update())
+        found = sa.select(SESSIONS.c.tenant, SESSIONS.c.agent_id, SESSIONS.c.id).where(*where)
+        await self._lock_by_agent(
+            [(tenant, agent, key) for tenant, agent, key in map(tuple, await self._execute(found))]
+        )
 
-    @property
-    def _sharded(self) -> bool:
-        """Whether the tables are distributed by agent (Citus)."""
-        return bool(self.session.info.get(DISTRIBUTED, False))
+    async def _lock_by_agent(
+        self,
+        sessions: Iterable[tuple[str, uuid.UUID, uuid.UUID]],
+        *still: ColumnElement[bool],
+        skip_locked: bool = False,
+    ) -> list[tuple[str, uuid.UUID]]:
+        """Lock `sessions` (`(tenant, agent_id, id)`s, read beforehand), one agent at a time.
+
+        On a distributed database, where Citus takes row locks (`FOR UPDATE`)
+        only in a statement that stays on one shard.  Returns the `(tenant,
+        id)` of the sessions locked (with `skip_locked`, those no other
+        transaction held; without, it waits for them), of those that `still`
+        match once locked (a row lock rereads a row a writer changed meanwhile).
+        """
+        locked: list[tuple[str, uuid.UUID]] = []
+        for (tenant, agent), group in groupby(sorted(sessions), key=lambda row: (row[0], row[1])):
+            locked += await self._pairs(
+                sa.select(SESSIONS.c.tenant, SESSIONS.c.id)
+                .where(
+                    SESSIONS.c.tenant == tenant,
+                    SESSIONS.c.agent_id == agent,
+                    SESSIONS.c.id.in_([row[2] for row in group]),
+                    *still,
+                )
+                .order_by(SESSIONS.c.id)
+                .with_for_update(skip_locked=skip_locked)
+            )
+        return locked
 
     @asynccontextmanager
     async def _savepoint(self, written: Mapping[str, Any] | None = None) -> AsyncIterator[None]:

@@ -31,14 +31,19 @@ def _old(tenant: str, owner: uuid.UUID, instant: datetime, chat: uuid.UUID | Non
     return sa.and_(*scope)
 
 
-def _previous(answer: sa.FromClause, column: str) -> sa.ScalarSelect[Any]:
-    """`column` of the message before `answer` (by `seq`) whose role is not `tool`."""
+def _previous(answer: sa.FromClause, column: str, agent: uuid.UUID | None = None) -> sa.ScalarSelect[Any]:
+    """`column` of the message before `answer` (by `seq`) whose role is not `tool`.
+
+    `agent`: `answer`'s agent when known.  Citus runs this correlated lookup
+    on one shard only when its own table names the agent (a parameter);
+    across agents it is joined on the agent, so that every shard runs it.
+    """
     head = MESSAGES.alias("head")
     return (
         sa.select(head.c[column])
         .where(
             head.c.tenant == answer.c.tenant,
-            head.c.agent_id == answer.c.agent_id,  # the same session's: on Citus, the same shard
+            head.c.agent_id == (answer.c.agent_id if agent is None else agent),  # implied by the session
             head.c.session_id == answer.c.session_id,
             head.c.seq < answer.c.seq,
             head.c.role != "tool",
@@ -61,12 +66,10 @@ def with_answers(doomed: ColumnElement[bool]) -> ColumnElement[bool]:
     # Uncorrelated: inside a DELETE FROM messages, these must still read the table afresh.
     # Rows are matched by (tenant, id): ids are unique only within a tenant.
     heads = sa.select(MESSAGES.c.tenant, MESSAGES.c.id).where(doomed).correlate(None)
-    chats = (
-        sa.select(MESSAGES.c.tenant, MESSAGES.c.agent_id, MESSAGES.c.session_id).where(doomed).correlate(None)
-    )
+    chats = sa.select(MESSAGES.c.tenant, MESSAGES.c.session_id).where(doomed).correlate(None)
     answers = sa.select(answer.c.tenant, answer.c.id).where(
         answer.c.role == "tool",
-        sa.tuple_(answer.c.tenant, answer.c.agent_id, answer.c.session_id).in_(chats),
+        sa.tuple_(answer.c.tenant, answer.c.session_id).in_(chats),
         sa.tuple_(answer.c.tenant, _previous(answer, "id")).in_(heads),
     )
     return sa.or_(doomed, sa.tuple_(MESSAGES.c.tenant, MESSAGES.c.id).in_(answers))
@@ -86,7 +89,22 @@ def _newer_answers(
         answer.c.created_at >= instant,
         answer.c.role == "tool",
         *([answer.c.session_id == chat] if chat is not None else []),
-        _previous(answer, "created_at") < instant,
+        _previous(answer, "created_at", owner) < instant,
+    )
+
+
+def _in_expired(message: sa.FromClause, owner: uuid.UUID, instant: datetime) -> sa.Exists:
+    """`message`, of agent `owner`, is in a session that expired at or before `instant`.
+
+    An EXISTS that names the agent, not `session_id IN (SELECT …)`: Citus
+    runs the first on the agent's shard, the second as a query of its own
+    over every shard.
+    """
+    return sa.exists().where(
+        SESSIONS.c.tenant == message.c.tenant,
+        SESSIONS.c.agent_id == owner,
+        SESSIONS.c.id == message.c.session_id,
+        SESSIONS.c.expires_at <= instant,
     )
 
 
@@ -135,13 +153,8 @@ class MessageRetention(MessageQueries):
         old = sa.select(sa.func.count()).where(_old(tenant, owner, instant, chat))
         answers = sa.select(sa.func.count()).where(_newer_answers(answer, tenant, owner, instant, chat))
         if expired_at is not None:
-            expired = (
-                sa.select(SESSIONS.c.id)
-                .where(SESSIONS.c.tenant == tenant, SESSIONS.c.expires_at <= expired_at)
-                .scalar_subquery()
-            )
-            old = old.where(MESSAGES.c.session_id.not_in(expired))
-            answers = answers.where(answer.c.session_id.not_in(expired))
+            old = old.where(~_in_expired(MESSAGES, owner, expired_at))
+            answers = answers.where(~_in_expired(answer, owner, expired_at))
         return int(await self._scalar(old)) + int(await self._scalar(answers))
 
     async def _delete_answers(self, owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None) -> int:
@@ -156,7 +169,11 @@ class MessageRetention(MessageQueries):
             SESSIONS.c.id.in_(sessions.scalar_subquery()),
         )
         return await self._rowcount(
-            sa.delete(MESSAGES).where(MESSAGES.c.tenant == tenant, MESSAGES.c.id.in_(found.scalar_subquery()))
+            sa.delete(MESSAGES).where(
+                MESSAGES.c.tenant == tenant,
+                MESSAGES.c.agent_id == owner,
+                MESSAGES.c.id.in_(found.scalar_subquery()),
+            )
         )
 
     async def _delete_old_batch(
@@ -177,5 +194,9 @@ class MessageRetention(MessageQueries):
             SESSIONS.c.id.in_(sa.select(doomed.c.session_id).scalar_subquery()),
         )
         return await self._rowcount(
-            sa.delete(MESSAGES).where(MESSAGES.c.tenant == tenant, MESSAGES.c.id.in_(sa.select(doomed.c.id)))
+            sa.delete(MESSAGES).where(
+                MESSAGES.c.tenant == tenant,
+                MESSAGES.c.agent_id == owner,
+                MESSAGES.c.id.in_(sa.select(doomed.c.id)),
+            )
         )

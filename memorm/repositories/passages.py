@@ -314,7 +314,9 @@ class PassageRepository(PassageQueries):
             return 0  # nothing changes, so caches stay valid
         await self._touch_agent(key)
         return await self._rowcount(
-            sa.delete(PASSAGES).where(*self._own(PASSAGES), PASSAGES.c.id.in_(doomed))
+            sa.delete(PASSAGES).where(
+                *self._own(PASSAGES), PASSAGES.c.agent_id == key, PASSAGES.c.id.in_(doomed)
+            )
         )
 
     async def _touch_agent(self, key: uuid.UUID) -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.sql import ColumnElement
 
 from memorm.errors import ConflictError, NotFoundError
 from memorm.models import AGENTS, MESSAGES, SESSIONS, Session
@@ -193,8 +194,7 @@ class SessionRepository(Repository):
         unit of work; to commit every batch (for a long purge beside live
         traffic) use [`memorm.retention.purge_expired`][memorm.retention.purge_expired].  On Postgres,
         sessions locked by a concurrent unit of work (an append in flight) are
-        skipped and left for the next purge (on a Citus cluster the purge waits
-        for them, and keeps those the write renewed).  With `dry_run`, only counts.
+        skipped and left for the next purge.  With `dry_run`, only counts.
         """
         instant = utcnow() if now is None else check_aware(now, "now")
         size = check_batch(batch)
@@ -216,21 +216,16 @@ class SessionRepository(Repository):
     async def _purge_batch(self, instant: datetime, size: int) -> Removed:
         """Delete up to `size` sessions expired at `instant`, soonest expired first."""
         # (tenant, id) pairs: across tenants, an id alone may name two sessions.
-        expired = (*self._within(SESSIONS), SESSIONS.c.expires_at <= instant)
-        batch = sa.select(SESSIONS.c.tenant, SESSIONS.c.id).where(*expired).order_by(SESSIONS.c.expires_at)
-        if self._sharded:
-            # Citus cannot lock rows of several shards with FOR UPDATE: lock them by
-            # an UPDATE that changes nothing, and keep those still expired once locked
-            # (a write in flight may have renewed one: it waits for that write).
-            found = await self._pairs(batch.limit(size))
-            ids = found and await self._pairs(
-                sa.update(SESSIONS)
-                .where(*expired, sa.tuple_(SESSIONS.c.tenant, SESSIONS.c.id).in_(found))
-                .values(next_seq=SESSIONS.c.next_seq)
-                .returning(SESSIONS.c.tenant, SESSIONS.c.id)
-            )
+        expired = (
+            sa.select(SESSIONS.c.tenant, SESSIONS.c.id)
+            .where(*self._within(SESSIONS), SESSIONS.c.expires_at <= instant)
+            .order_by(SESSIONS.c.expires_at)
+            .limit(size)
+        )
+        if self._distributed:
+            ids = await self._lock_expired(expired, SESSIONS.c.expires_at <= instant)
         else:
-            ids = await self._pairs(batch.limit(size).with_for_update(skip_locked=True))
+            ids = await self._pairs(expired.with_for_update(skip_locked=True))
         if not ids:
             return Removed()
         # Messages first (the cascade would delete them too, but not count them).
@@ -245,3 +240,25 @@ class SessionRepository(Repository):
             )
         )
         return Removed(sessions=sessions, messages=messages)
+
+    async def _lock_expired(
+        self, expired: sa.Select[Any], still: ColumnElement[bool]
+    ) -> Sequence[tuple[str, uuid.UUID]]:
+        """`expired … FOR UPDATE SKIP LOCKED` on a distributed database: the first sessions no one holds.
+
+        Citus locks rows only one shard at a time, so the candidates are read
+        first and locked agent by agent; when every candidate is held, the
+        next ones are tried, as `SKIP LOCKED` with a `LIMIT` would.
+        """
+        passed: set[tuple[str, uuid.UUID]] = set()
+        while True:
+            query = expired.add_columns(SESSIONS.c.agent_id)
+            if passed:
+                query = query.where(sa.tuple_(SESSIONS.c.tenant, SESSIONS.c.id).not_in(sorted(passed)))
+            found = [(tenant, agent, key) for tenant, key, agent in map(tuple, await self._execute(query))]
+            if not found:
+                return []
+            locked = await self._lock_by_agent(found, still, skip_locked=True)
+            if locked:
+                return locked
+            passed.update((tenant, key) for tenant, _, key in found)

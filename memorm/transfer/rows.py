@@ -28,7 +28,6 @@ from memorm.driver import fetch, insert_rows
 from memorm.errors import ConflictError, ValidationError
 from memorm.models import AGENT_NAMES, AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS, fields
 from memorm.progress import Reporter, Silent
-from memorm.routing import DISTRIBUTED
 from memorm.transfer.lookup import matching
 from memorm.transfer.scope import Scope, scoped
 from memorm.translate import guarded
@@ -95,24 +94,31 @@ def _pages(table: sa.Table) -> tuple[sa.Select[Any], sa.Select[Any]]:
 
 
 @cache
-def _tenants(table: sa.Table) -> sa.Select[Any]:
-    """The tenants `table` has rows of, one index probe each (a loose index scan, both engines)."""
-    tenant = table.c.tenant
-    found = sa.select(sa.func.min(tenant).label("tenant")).cte("found", recursive=True)
-    following = sa.select(sa.func.min(tenant)).where(tenant > found.c.tenant).scalar_subquery()
-    found = found.union_all(sa.select(following).where(found.c.tenant.is_not(None)))
-    return sa.select(found.c.tenant).where(found.c.tenant.is_not(None))
+def _next_tenant(table: sa.Table) -> sa.Select[Any]:
+    """The least tenant of `table` after `:after` (built once per table)."""
+    after = sa.bindparam("after", type_=table.c.tenant.type)
+    return sa.select(sa.func.min(table.c.tenant)).where(table.c.tenant > after)
 
 
 async def _tenants_of(db: Database, table: sa.Table, tenant: Scope) -> list[str]:
-    """The tenants a read of `table` goes through, in code point order."""
+    """The tenants a read of `table` goes through, in code point order.
+
+    Found by a loose index scan driven from here, one index probe per tenant
+    (`min(tenant) WHERE tenant > last`): a recursive query would do it in
+    one statement, but Citus runs a recursive query only on one shard, and
+    this one it runs as a probe on every shard.  A read of every tenant's
+    rows makes a statement per tenant anyway.
+    """
     if tenant is not None:
         return [tenant]
+    found: list[str] = []
+    first = sa.select(sa.func.min(table.c.tenant))
     async with scoped(db, None, read_only=True) as uow, guarded(uow.session):
-        # Citus runs a recursive CTE only within one shard: there, each shard's DISTINCT.
-        sharded = uow.session.info.get(DISTRIBUTED, False)
-        statement = sa.select(table.c.tenant).distinct() if sharded else _tenants(table)
-        return sorted((await uow.session.execute(statement)).scalars())
+        last = await uow.session.scalar(first)
+        while last is not None:
+            found.append(last)
+            last = await uow.session.scalar(_next_tenant(table), {"after": last})
+    return sorted(found)
 
 
 async def count_rows(db: Database, table: sa.Table, *, tenant: Scope = None) -> int:
