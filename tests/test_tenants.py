@@ -43,6 +43,7 @@ async def fts_matches(db: Database, word: str) -> dict[str, int]:
         }
 
 
+@pytest.mark.owner  # lists every tenant: row-level security shows a tenant's role only its own
 async def test_list_tenants_counts_each_tenants_rows_per_table(db: Database) -> None:
     assert await list_tenants(db) == {}
     await fill(db, "globex")
