@@ -12,7 +12,9 @@ mapped: cascades live in the foreign keys, and no attribute access does hidden I
 
 from __future__ import annotations
 
+import inspect
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
@@ -94,6 +96,28 @@ def _current_tenant(element: CurrentTenant, compiler: Any, **kw: Any) -> str:
     return f"'{DEFAULT_TENANT}'"
 
 
+def _factory(make: Callable[[], Any]) -> Callable[[], Any]:
+    """A default factory whose signature pydantic need not work out.
+
+    pydantic asks every factory's signature (does it take the validated
+    data?) each time it builds a row: three `inspect.signature` calls, about
+    a third of building a `Message`.  A precomputed `__signature__` answers
+    at once.
+    """
+
+    def factory() -> Any:
+        return make()
+
+    factory.__signature__ = inspect.Signature()  # type: ignore[attr-defined]
+    factory.__qualname__ = factory.__name__ = getattr(make, "__name__", "factory")
+    return factory
+
+
+_NEW_ID = _factory(uuid7)
+_NOW = _factory(utcnow)
+_EMPTY = _factory(dict)
+
+
 class _Row(MemormModel):
     """Columns every table has: its tenant, a UUIDv7 id, UTC timestamps and a JSON `meta` dict.
 
@@ -109,10 +133,10 @@ class _Row(MemormModel):
         # No client-side default: a raw INSERT that names no tenant gets the server's.
         sa_column_kwargs={"server_default": CurrentTenant(), "default": None},
     )
-    id: uuid.UUID = Field(default_factory=uuid7, primary_key=True, sa_type=UUIDType)
-    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime, nullable=False)
-    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime, nullable=False)
-    meta: dict[str, Any] = Field(default_factory=dict, sa_type=JSONType, nullable=False)
+    id: uuid.UUID = Field(default_factory=_NEW_ID, primary_key=True, sa_type=UUIDType)
+    created_at: datetime = Field(default_factory=_NOW, sa_type=UTCDateTime, nullable=False)
+    updated_at: datetime = Field(default_factory=_NOW, sa_type=UTCDateTime, nullable=False)
+    meta: dict[str, Any] = Field(default_factory=_EMPTY, sa_type=JSONType, nullable=False)
 
 
 def _agent_key(table: str) -> sa.ForeignKeyConstraint:
@@ -132,8 +156,8 @@ class Agent(_Row, table=True):
     # Unique per tenant: `agent_names` holds the names and enforces it.
     name: str = Field(sa_type=sa.Text, nullable=False)
     system: str = Field(default="", sa_type=sa.Text, nullable=False)
-    core_memory: dict[str, str] = Field(default_factory=dict, sa_type=JSONType, nullable=False)
-    llm_config: dict[str, Any] = Field(default_factory=dict, sa_type=JSONType, nullable=False)
+    core_memory: dict[str, str] = Field(default_factory=_EMPTY, sa_type=JSONType, nullable=False)
+    llm_config: dict[str, Any] = Field(default_factory=_EMPTY, sa_type=JSONType, nullable=False)
     version: int = Field(default=1, nullable=False)
     # Bumped by every write to the agent's archival passages; vector caches key on it.
     archive_version: int = Field(default=0, nullable=False)
