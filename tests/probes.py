@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 import asyncpg
-from conftest import Store, asyncpg_dsn
+from conftest import CITUS, Store, asyncpg_dsn
 
 from memorm import Database
 
@@ -48,6 +48,8 @@ async def tagged_database(store: Store) -> tuple[str, Database]:
         options = {"connect_args": {"server_settings": settings}}
     db = store.database(**options)
     await db.create_all()
+    if CITUS and store.engine == "postgres":  # MEMORM_TEST_CITUS=1: distributed, as the db fixture's
+        await db.distribute()
     return application, db
 
 
