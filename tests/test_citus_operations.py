@@ -48,7 +48,8 @@ from tests.test_cli_retention import (
 from tests.test_cli_transfer import _check_populated, _populate, dump
 from tests.test_transfer_tenants import _check_two_tenants, rows, two_tenants
 
-pytestmark = pytest.mark.citus
+# Whole-database operations and a rebalance under load: with the long runs (-m long).
+pytestmark = [pytest.mark.citus, pytest.mark.long]
 
 citus_url = citus_kit.citus_url
 cluster = citus_kit.cluster
