@@ -33,6 +33,7 @@ from memorm.config import resolve_url
 from memorm.driver import interrupt
 from memorm.engines import Engines
 from memorm.errors import DatabaseError, MemormError, SchemaError, ValidationError
+from memorm.link import LINK
 from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS
 from memorm.routing import SessionAgents
 from memorm.search.fts_ddl import FTS_INDEXES
@@ -429,6 +430,21 @@ def _setup_common(engine: AsyncEngine) -> None:
         ):
             context.is_disconnect = False
 
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        # A unit of work's connection: its link begins the transaction (memorm.link),
+        # for SQLAlchemy's statements as for its own.
+        link = connection.info.get(LINK)
+        if link is not None:
+            if not link.begun:
+                await_only(link.ready())
+        elif engine.dialect.name == "sqlite" and not connection.get_execution_options().get(READ_ONLY, False):
+            # Other connections (tools, migrations' helpers).  Readers run in
+            # autocommit (no BEGIN): each statement sees the latest commit, and WAL
+            # lets them run beside the writer.  Straight to aiosqlite: one thread
+            # hop instead of SQLAlchemy's three.
+            await_only(connection.connection.driver_connection.execute_fetchall("BEGIN IMMEDIATE"))
+
 
 def _setup_sqlite(engine: AsyncEngine) -> None:
     @event.listens_for(engine.sync_engine, "connect")
@@ -452,14 +468,6 @@ def _setup_sqlite(engine: AsyncEngine) -> None:
         connection = context.connection
         if not isinstance(context.original_exception, Exception) and connection is not None:
             await_only(interrupt(connection.connection.driver_connection))
-
-    @event.listens_for(engine.sync_engine, "begin")
-    def _on_begin(connection: Any) -> None:
-        # Readers run in autocommit (no BEGIN): each statement sees the latest
-        # commit, and WAL lets them run beside the writer.
-        if not connection.get_execution_options().get(READ_ONLY, False):
-            # Straight to aiosqlite: one thread hop instead of SQLAlchemy's three.
-            await_only(connection.connection.driver_connection.execute_fetchall("BEGIN IMMEDIATE"))
 
 
 async def _connect_postgres(*args: Any, **kwargs: Any) -> Any:

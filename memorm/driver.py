@@ -27,14 +27,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from memorm.tenancy import TENANT
 from memorm.translate import check_writable, guarded
+
+if TYPE_CHECKING:
+    from memorm.link import Link
 
 __all__ = ["COPY_THRESHOLD", "fetch", "in_transaction", "insert_rows", "interrupt"]
 
@@ -44,23 +46,27 @@ _UNSET = object()
 
 
 async def insert_rows(
-    session: AsyncSession, table: sa.Table, columns: Sequence[str], rows: Sequence[Sequence[Any]]
+    link: Link, table: sa.Table, columns: Sequence[str], rows: Sequence[Sequence[Any]]
 ) -> None:
     """Insert `rows` (tuples of values in `columns` order) into `table`."""
     if not rows:
         return
-    check_writable(session)
+    check_writable(link)
     names, sources = _with_derived(table, tuple(columns))
-    async with guarded(session):
-        connection = await session.connection()
-        dialect = connection.dialect
+    async with guarded(link):
+        dialect = link.dialect
         records = _convert(_processors(dialect, table, names), rows, sources)
-        driver: Any = (await connection.get_raw_connection()).driver_connection
+        await link.ready()
+        driver = link.driver
         # A unit of work that sets its tenant runs under row-level security, and
         # Postgres refuses COPY FROM to a table with row-level security.
-        copy = dialect.name == "postgresql" and TENANT not in session.info
+        copy = not link.sqlite and TENANT not in link.info
         if copy and len(records) >= COPY_THRESHOLD:
             await driver.copy_records_to_table(table.name, records=records, columns=names)
+        elif len(records) == 1 and link.sqlite:
+            await driver.execute_fetchall(_insert_sql(dialect, table, names), records[0])
+        elif len(records) == 1:
+            await driver.execute(_insert_sql(dialect, table, names), *records[0])
         else:
             await driver.executemany(_insert_sql(dialect, table, names), records)
 
@@ -135,21 +141,23 @@ def _insert_sql(dialect: Dialect, table: sa.Table, names: tuple[str, ...]) -> st
     return str(compiled)
 
 
-async def fetch(session: AsyncSession, statement: Any, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-    """Run `statement` (a module-level constant with named bind parameters); its rows.
+async def fetch(link: Link, statement: Any, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Run `statement` (a module-level constant with named bind parameters) on the driver; its rows.
 
-    The statement is compiled once per dialect and cached, so it must not be
-    built anew per call.
+    The statement is compiled once per dialect and cached, with its values'
+    bind and result processors, so it must not be built anew per call.  It
+    runs in the unit of work's transaction (begun first, if need be).
     """
-    connection = await session.connection()
-    dialect = connection.dialect
-    if dialect.name != "sqlite":
-        return [tuple(row) for row in await connection.execute(statement, params)]
-    sql, names, binds, defaults, results = _compiled(dialect, statement)
+    sql, names, binds, defaults, results = _compiled(link.dialect, statement)
     given = (params[n] if n in params else defaults[n] for n in names)  # e.g. SQLite's implicit OFFSET 0
     values = [v if p is None or v is None else p(v) for p, v in zip(binds, given, strict=True)]
-    driver: Any = (await connection.get_raw_connection()).driver_connection
-    rows = await driver.execute_fetchall(sql, values)
+    await link.ready()
+    if link.sqlite:
+        rows = await link.driver.execute_fetchall(sql, values)
+    else:
+        rows = await link.driver.fetch(sql, *values)
+    if not any(results):
+        return [tuple(row) for row in rows]
     return [
         tuple(v if p is None or v is None else p(v) for p, v in zip(results, row, strict=True))
         for row in rows

@@ -10,23 +10,13 @@ begins (docs/tenancy.md).
 
 from __future__ import annotations
 
-from typing import Any
-
-import sqlalchemy as sa
-from sqlalchemy import event
-from sqlalchemy.orm import Session
-from sqlalchemy.util import await_only
-
 from memorm.errors import ValidationError
-from memorm.routing import DISTRIBUTED
 
 __all__ = [
     "DEFAULT_TENANT",
     "MAX_TENANT",
-    "READ_ONLY_BEGIN",
     "TENANT",
     "TENANT_SETTING",
-    "TenantSession",
     "begin_statements",
     "check_tenant",
 ]
@@ -55,8 +45,7 @@ def check_tenant(value: object, field: str = "tenant") -> str:
     return value
 
 
-TENANT = "memorm_tenant"  # Session.info: the tenant each transaction sets on Postgres
-READ_ONLY_BEGIN = "memorm_read_only_begin"  # Session.info: its transactions are READ ONLY
+TENANT = "memorm_tenant"  # unit of work info: the tenant each transaction sets on Postgres
 
 
 def begin_statements(tenant: str, *, read_only: bool, distributed: bool = False) -> tuple[str, ...]:
@@ -81,31 +70,3 @@ def begin_statements(tenant: str, *, read_only: bool, distributed: bool = False)
         return begin, f"{propagate}; SET LOCAL {TENANT_SETTING} = {literal}"
     value = f"convert_from(decode('{tenant.encode().hex()}', 'hex'), 'UTF8')"
     return (f"{begin}; SELECT set_config('{TENANT_SETTING}', {value}, true)",)
-
-
-class TenantSession(Session):
-    """The unit of work's session: each transaction it begins first sets `memorm.tenant`.
-
-    Only where `info[TENANT]` is set: on Postgres, for a role subject to
-    row-level security.  Such a unit of work's connection runs in the
-    driver's autocommit mode and the unit of work sends `BEGIN` itself,
-    together with `set_config(…, true)`, in one round trip; it ends the
-    transaction with `COMMIT` or `ROLLBACK` itself too (`memorm.uow`).  The
-    setting lasts until the transaction ends, so a pooled connection (or a
-    pgbouncer server connection in transaction mode) never carries one
-    tenant into the next transaction.
-    """
-
-
-@event.listens_for(TenantSession, "after_begin")
-def _set_tenant(session: Session, transaction: Any, connection: sa.Connection) -> None:
-    tenant = session.info.get(TENANT)
-    if tenant is not None and transaction.parent is None:  # not a SAVEPOINT: it is begun already
-        driver = connection.connection.driver_connection
-        statements = begin_statements(
-            tenant,
-            read_only=session.info.get(READ_ONLY_BEGIN, False),
-            distributed=session.info.get(DISTRIBUTED, False),
-        )
-        for statement in statements:
-            await_only(driver.execute(statement))  # type: ignore[union-attr]

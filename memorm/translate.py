@@ -11,9 +11,9 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from typing import Any, Protocol
 
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from memorm.conflicts import conflict_message, unique_key_of
 from memorm.errors import (
@@ -138,26 +138,33 @@ def translate(error: BaseException) -> MemormError | None:
     return DatabaseError(f"database error: {detail}")
 
 
-FAILED = "memorm_failed"  # AsyncSession.info keys, set by the unit of work and guarded()
+FAILED = "memorm_failed"  # unit of work info keys (`memorm.link`), set by the unit of work and guarded()
 INTERRUPTED = "memorm_interrupted"
 READ_ONLY = "memorm_read_only"
 MANAGED = "memorm_managed"  # execution option: a unit of work owns this connection's clean-up
 
 
-def check_writable(session: AsyncSession) -> None:
+class Stateful(Protocol):
+    """What holds a unit of work's state: its `Link`, or the ORM session sharing it."""
+
+    @property
+    def info(self) -> dict[Any, Any]: ...
+
+
+def check_writable(session: Stateful) -> None:
     """Refuse a write in a read-only unit of work (it would commit at once, unasked)."""
     if session.info.get(READ_ONLY, False):
         raise ValidationError("this unit of work is read-only: open db.unit_of_work() to write")
 
 
-def failure(session: AsyncSession) -> MemormError | None:
+def failure(session: Stateful) -> MemormError | None:
     """The error that failed this session's unit of work, if one did."""
     error = session.info.get(FAILED)
     return error if isinstance(error, MemormError) else None
 
 
 @asynccontextmanager
-async def guarded(session: AsyncSession, *, recoverable: bool = False) -> AsyncIterator[None]:
+async def guarded(session: Stateful, *, recoverable: bool = False) -> AsyncIterator[None]:
     """`translating`, and the unit of work's record of what went wrong.
 
     A database error fails the unit of work, on both engines alike: Postgres

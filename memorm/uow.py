@@ -27,11 +27,14 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.pool import PoolProxiedConnection, QueuePool
+from sqlalchemy.util import greenlet_spawn
 
 from memorm.concurrency import CrossLoopLock, protect
 from memorm.driver import in_transaction, interrupt
 from memorm.errors import DatabaseError, MemormError, ValidationError
+from memorm.link import Link
 from memorm.repositories import (
     AgentRepository,
     MessageRepository,
@@ -40,7 +43,7 @@ from memorm.repositories import (
 )
 from memorm.routing import DISTRIBUTED, ROUTES
 from memorm.search.vector import ARCHIVE_WRITES
-from memorm.tenancy import DEFAULT_TENANT, READ_ONLY_BEGIN, TENANT, TenantSession
+from memorm.tenancy import DEFAULT_TENANT, TENANT
 from memorm.translate import FAILED, INTERRUPTED, MANAGED, READ_ONLY, failure, translating
 
 if TYPE_CHECKING:
@@ -66,7 +69,6 @@ class UnitOfWork:
     sessions: SessionRepository
     messages: MessageRepository
     passages: PassageRepository
-    session: AsyncSession
 
     def __init__(self, db: Database, *, tenant: str | None = DEFAULT_TENANT, read_only: bool = False) -> None:
         self.db = db
@@ -74,12 +76,24 @@ class UnitOfWork:
         self.read_only = read_only
         self._open = False
         self._writer: CrossLoopLock | None = None
-        self._connection: AsyncConnection | None = None
-        self._driver: Any = None
-        self._session: AsyncSession | None = None  # the open unit of work's session
+        self._pooled: PoolProxiedConnection | None = None  # checked out, not yet in a link
+        self._link: Link | None = None
         self._interrupted = False
-        self._sets_tenant = False
-        self._begins_itself = False  # Postgres, autocommit mode: the unit of work sends BEGIN and COMMIT
+
+    @property
+    def link(self) -> Link:
+        """This unit of work's connection and transaction (`memorm.link`), for memorm's own modules."""
+        if self._link is None:
+            raise RuntimeError("this unit of work is not open")
+        return self._link
+
+    @property
+    def session(self) -> AsyncSession:
+        """The SQLAlchemy `AsyncSession` on this unit of work's connection and transaction.
+
+        Made on first use: memorm's own calls do not need one.
+        """
+        return self.link.session
 
     async def __aenter__(self) -> UnitOfWork:
         if self._open:
@@ -109,10 +123,12 @@ class UnitOfWork:
             self._interrupted |= not issubclass(exc_type, Exception)  # cancelled, or a signal
             await protect(self._finish())
             return
+        link = self._link
+        assert link is not None
         try:
             # A read-only unit of work has a transaction only if it set a tenant, or
             # a vector search on a Citus cluster began one for its settings.
-            if not self.read_only or self._sets_tenant or in_transaction(self._driver):
+            if not self.read_only or link.begun or in_transaction(link.driver) or link.has_session:
                 # An anyio cancellation waits until the COMMIT is through, so a caller
                 # leaving a cancelled scope knows this unit of work committed.  asyncio's
                 # own cancellation cannot be held off this cheaply: a COMMIT it cuts
@@ -129,68 +145,70 @@ class UnitOfWork:
                     raise
                 raise cancelled from error
             raise
-        if self._interrupted or in_transaction(self._driver):
+        if self._interrupted or in_transaction(link.driver):
             await protect(self._finish())
         else:
             await self._close_clean()
 
     async def _begin(self) -> None:
         """Check out a connection and set up the repositories (the first statement begins)."""
-        state = self.db.engines.current()
-        options: dict[str, Any] = {MANAGED: True}
+        db = self.db
+        state = db.engines.current()
+        postgres = db.dialect == "postgresql"
         # On Postgres, under row-level security, every transaction first sets the
         # tenant it may see (transaction-local: it ends with the transaction).
-        self._sets_tenant = self.db.dialect == "postgresql" and not self.db.bypasses_rls
-        if self.tenant is None and self.db.dialect == "postgresql" and not self.db.bypasses_rls:
+        sets_tenant = postgres and not db.bypasses_rls
+        if self.tenant is None and sets_tenant:
             raise ValidationError(
                 "all_tenants=True needs a role that bypasses row-level security (a superuser or one "
                 "with BYPASSRLS); this role sees one tenant at a time: connect as the maintenance role"
             )
+        options: dict[str, Any] = {MANAGED: True}
         if self.read_only:
             # Read-only units of work run each statement on its own: no BEGIN/COMMIT
             # round trips, and on SQLite beside the writer.  Postgres' READ COMMITTED
             # gives every statement a fresh snapshot inside a transaction too; but
             # the tenant setting needs a transaction to live in.
             options[READ_ONLY] = True
-        self._begins_itself = self.db.dialect == "postgresql" and (self.read_only or self._sets_tenant)
-        if self._begins_itself:
-            # A tenant's transaction is begun (and ended) by the unit of work itself,
-            # BEGIN and the tenant's setting in one round trip (memorm.tenancy); so is
-            # the one a read-only vector search begins on Citus (memorm.search.vector).
-            options["isolation_level"] = "AUTOCOMMIT"
         engine = state.with_options(self.read_only, options)
         with translating():
             if state.checkout_may_connect():
-                await protect(self._checkout(engine))
+                await protect(self._checkout(engine, connect=True))
             else:  # a pooled connection is handed over, or awaited: no IO to protect
-                await self._checkout(engine)
-        connection = self._connection
-        assert connection is not None
-        self._driver = connection.sync_connection.connection.driver_connection  # type: ignore[union-attr]
-        self.session = AsyncSession(
-            bind=connection,
-            join_transaction_mode="control_fully",
-            expire_on_commit=False,
-            autoflush=False,
-            sync_session_class=TenantSession,
+                await self._checkout(engine, connect=False)
+        pooled = self._pooled
+        assert pooled is not None
+        info: dict[Any, Any] = {
+            READ_ONLY: self.read_only,
+            ROUTES: db.session_agents,
+            DISTRIBUTED: db.distributed,
+        }
+        tenant_setting = self.tenant if sets_tenant else None
+        if tenant_setting is not None:
+            info[TENANT] = tenant_setting
+        link = self._link = Link(
+            engine,
+            pooled,
+            info,
+            read_only=self.read_only,
+            tenant_setting=tenant_setting,
+            distributed=db.distributed,
         )
-        self.session.info[READ_ONLY] = self.read_only
-        self.session.info[ROUTES] = self.db.session_agents
-        self.session.info[DISTRIBUTED] = self.db.distributed
-        if self._sets_tenant and self.tenant is not None:
-            self.session.info[TENANT] = self.tenant
-            self.session.info[READ_ONLY_BEGIN] = self.read_only
-        self._session = self.session
         tenant = self.tenant
-        self.agents = AgentRepository(self.session, tenant)
-        self.sessions = SessionRepository(self.session, tenant)
-        self.messages = MessageRepository(self.session, tenant, token_counter=self.db.token_counter)
-        self.passages = PassageRepository(self.session, tenant, cache=self.db.vector_cache)
+        self.agents = AgentRepository(link, tenant)
+        self.sessions = SessionRepository(link, tenant)
+        self.messages = MessageRepository(link, tenant, token_counter=db.token_counter)
+        self.passages = PassageRepository(link, tenant, cache=db.vector_cache)
 
-    async def _checkout(self, engine: AsyncEngine) -> None:
+    async def _checkout(self, engine: AsyncEngine, *, connect: bool) -> None:
         # Kept on self at once: a cancellation raised after a protected check-out
-        # must still find the connection to return.
-        self._connection = await engine.connect()
+        # must still find the connection to return.  A connection waiting in
+        # the pool is taken without IO, so without the greenlet bridge.
+        pool = engine.sync_engine.pool
+        if not connect and isinstance(pool, QueuePool) and pool.checkedin():
+            self._pooled = pool.connect()
+        else:
+            self._pooled = await greenlet_spawn(pool.connect)
 
     async def _close_clean(self) -> None:
         """Return a connection known to be clean to the pool, and the write lock.
@@ -198,10 +216,10 @@ class UnitOfWork:
         After a commit, check-in does no IO (the pool does not reset on
         return), so this never suspends and no cancellation can cut it short.
         """
-        connection, self._connection, self._session = self._connection, None, None
+        link, self._link, self._pooled = self._link, None, None
         try:
-            if connection is not None:
-                await connection.close()
+            if link is not None:
+                await link.close()
         finally:
             self._release_writer()
 
@@ -219,25 +237,24 @@ class UnitOfWork:
             writer.release()
 
     async def _release(self) -> None:
-        connection, self._connection = self._connection, None
-        if connection is None:
+        link, self._link = self._link, None
+        pooled, self._pooled = self._pooled, None
+        if link is None:
+            if pooled is not None:  # checked out, cut short before its link was made
+                with contextlib.suppress(Exception):
+                    await greenlet_spawn(pooled.invalidate)
             return
-        session, self._session = self._session, None
-        dirty = self._interrupted or (session is not None and session.info.get(INTERRUPTED, False))
+        dirty = self._interrupted or link.info.get(INTERRUPTED, False)
         if not dirty:
             try:
-                if session is not None:
-                    await session.close()  # rolls back whatever is left
-                if self._begins_itself and in_transaction(self._driver):
-                    await self._driver.execute("ROLLBACK")  # the transaction the unit of work began
-                dirty = in_transaction(self._driver)
+                await link.rollback()  # whatever is left
+                dirty = in_transaction(link.driver)
             except Exception:
                 dirty = True
         with contextlib.suppress(Exception):
             if dirty:
-                await interrupt(self._driver)
-                await connection.invalidate()  # closed for good; the pool opens a new one
-            await connection.close()
+                await interrupt(link.driver)
+            await link.close(invalidate=dirty)  # dirty: closed for good; the pool opens a new one
 
     async def commit(self) -> None:
         """Commit what the repositories wrote so far; the unit of work stays usable.
@@ -248,21 +265,21 @@ class UnitOfWork:
         await self._commit()
 
     async def _commit(self) -> None:
-        earlier = failure(self.session)
+        link = self._link
+        assert link is not None
+        earlier = failure(link)
         if earlier is not None:
             await self._rollback()
             raise DatabaseError(f"this unit of work failed ({earlier}) and was rolled back") from earlier
         try:
             with translating():
-                await self.session.commit()
-                if self._begins_itself and in_transaction(self._driver):
-                    await self._driver.execute("COMMIT")  # the transaction the unit of work began
+                await link.commit()
         except MemormError as error:
-            self.session.info[FAILED] = error  # a failed COMMIT leaves nothing to commit later
+            link.info[FAILED] = error  # a failed COMMIT leaves nothing to commit later
             raise
         # Committed archive changes make those agents' cached vectors stale: drop
         # them now, so no deleted vector stays in memory until the next search.
-        written = self.session.info.pop(ARCHIVE_WRITES, None)
+        written = link.info.pop(ARCHIVE_WRITES, None)
         if written:
             self.db.vector_cache.evict(written)
 
@@ -271,9 +288,9 @@ class UnitOfWork:
         await self._rollback()
 
     async def _rollback(self) -> None:
-        self.session.info.pop(FAILED, None)
-        self.session.info.pop(ARCHIVE_WRITES, None)
+        link = self._link
+        assert link is not None
+        link.info.pop(FAILED, None)
+        link.info.pop(ARCHIVE_WRITES, None)
         with translating():
-            await self.session.rollback()
-            if self._begins_itself and in_transaction(self._driver):
-                await self._driver.execute("ROLLBACK")
+            await link.rollback()

@@ -1,4 +1,4 @@
-"""What every repository shares: its session, error translation, paging."""
+"""What every repository shares: its connection (`Link`), error translation, paging."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from sqlalchemy.sql import ColumnElement, Executable, Select
 
 from memorm.conflicts import conflict_message, unique_key_of
 from memorm.errors import ConflictError, NotFoundError, ValidationError
+from memorm.link import Link
 from memorm.models import AGENTS, MESSAGES, SESSIONS
 from memorm.page import Page
 from memorm.routing import DISTRIBUTED, ROUTES, SessionAgents
@@ -29,16 +30,21 @@ T = TypeVar("T")
 
 
 class Repository:
-    """Base of the repositories: runs statements on the unit of work's session.
+    """Base of the repositories: runs statements on the unit of work's connection (`Link`).
 
     `tenant` is the unit of work's tenant, whose rows alone every statement
     reads and writes; None in an all-tenants unit of work, where only the
     maintenance operations (purges, `forget`) run, across every tenant.
     """
 
-    def __init__(self, session: AsyncSession, tenant: str | None = DEFAULT_TENANT) -> None:
-        self.session = session
+    def __init__(self, link: Link, tenant: str | None = DEFAULT_TENANT) -> None:
+        self.link = link
         self.tenant = tenant
+
+    @property
+    def session(self) -> AsyncSession:
+        """The unit of work's ORM session (made on first use: prefer `link`'s Core paths)."""
+        return self.link.session
 
     def _own(self, *tables: sa.Table) -> list[ColumnElement[bool]]:
         """Conditions keeping `tables` to the unit of work's tenant.
@@ -64,7 +70,7 @@ class Repository:
         distributed database an unknown session is looked up (NotFoundError
         if there is none); elsewhere None, and the statements go without it.
         """
-        routes: SessionAgents | None = self.session.info.get(ROUTES)
+        routes: SessionAgents | None = self.link.info.get(ROUTES)
         if routes is None:
             return None
         tenant = self._owner
@@ -80,7 +86,7 @@ class Repository:
 
     def _route(self, session_id: uuid.UUID, agent_id: uuid.UUID) -> None:
         """Remember a session's agent (sessions created or read)."""
-        routes: SessionAgents | None = self.session.info.get(ROUTES)
+        routes: SessionAgents | None = self.link.info.get(ROUTES)
         if routes is not None and self.tenant is not None:
             routes.put(self.tenant, session_id, agent_id)
 
@@ -96,14 +102,14 @@ class Repository:
 
     def _unroute(self, session_id: uuid.UUID) -> None:
         """Forget a deleted session's agent."""
-        routes: SessionAgents | None = self.session.info.get(ROUTES)
+        routes: SessionAgents | None = self.link.info.get(ROUTES)
         if routes is not None and self.tenant is not None:
             routes.drop(self.tenant, session_id)
 
     @property
     def _distributed(self) -> bool:
         """Whether the tables are sharded by agent (Citus): a few statements must then stay on one shard."""
-        return bool(self.session.info.get(DISTRIBUTED, False))
+        return bool(self.link.info.get(DISTRIBUTED, False))
 
     @staticmethod
     def _on(table: sa.Table, agent: uuid.UUID | None) -> list[ColumnElement[bool]]:
@@ -119,17 +125,17 @@ class Repository:
 
     async def _execute(self, statement: Executable, params: Any = None) -> Result[Any]:
         if getattr(statement, "is_dml", False):
-            check_writable(self.session)
-        async with guarded(self.session):
-            return await self.session.execute(statement, params)
+            check_writable(self.link)
+        async with guarded(self.link):
+            return await self.link.execute(statement, params)
 
     async def _pairs(self, statement: Executable) -> list[tuple[Any, Any]]:
         """The rows of a two-column query, as tuples (`(tenant, id)`, say)."""
         return [(row[0], row[1]) for row in (tuple(found) for found in await self._execute(statement))]
 
     async def _scalar(self, statement: Executable) -> Any:
-        async with guarded(self.session):
-            return await self.session.scalar(statement)
+        async with guarded(self.link):
+            return (await self.link.execute(statement)).scalar()
 
     async def _rowcount(self, statement: Executable) -> int:
         """Run an INSERT, UPDATE or DELETE; how many rows it changed."""
@@ -155,7 +161,7 @@ class Repository:
 
     def _archives_changed(self, agents: Iterable[tuple[str, uuid.UUID]]) -> None:
         """`_archive_changed` for `(tenant, agent id)`s, of any tenant."""
-        self.session.info.setdefault(ARCHIVE_WRITES, set()).update(agents)
+        self.link.info.setdefault(ARCHIVE_WRITES, set()).update(agents)
 
     async def _lock_sessions(self, *where: ColumnElement[bool]) -> None:
         """Lock the sessions matching `where`, in id order, before deleting their rows.
@@ -212,9 +218,9 @@ class Repository:
         `ConflictError` can carry on with the unit of work.  `written`: the
         row's values, which a `ConflictError` then names (`an agent named 'sam' exists`).
         """
-        check_writable(self.session)
+        check_writable(self.link)
         try:
-            async with guarded(self.session, recoverable=True), self.session.begin_nested():
+            async with guarded(self.link, recoverable=True), self.session.begin_nested():
                 yield
         except ConflictError as error:
             key = unique_key_of(error)

@@ -187,8 +187,8 @@ class MessageQueries(Repository):
         else:
             statement = _WINDOW_FORWARD_ROUTED if forward else _WINDOW_BACK_ROUTED
             params["agent"] = agent
-        async with guarded(self.session):
-            found = await fetch(self.session, statement, params)
+        async with guarded(self.link):
+            found = await fetch(self.link, statement, params)
         return [hydrate(Message, dict(zip(_COLUMNS, row, strict=True))) for row in found]
 
     async def _budget_span(

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from memorm.driver import fetch, insert_rows
 from memorm.errors import NotFoundError
+from memorm.link import Link
 from memorm.models import MESSAGES, SESSIONS, Message, hydrate
 from memorm.repositories.message_input import MessageInput, check_batch, check_message, count_tokens
 from memorm.repositories.message_queries import _COLUMNS, SEQ_MAX, SEQ_MIN
@@ -50,12 +50,12 @@ class MessageRepository(MessageRetention):
 
     def __init__(
         self,
-        session: AsyncSession,
+        link: Link,
         tenant: str | None = DEFAULT_TENANT,
         *,
         token_counter: TokenCounter = estimate_tokens,
     ) -> None:
-        super().__init__(session, tenant)
+        super().__init__(link, tenant)
         self.token_counter = token_counter
 
     # -- writing ------------------------------------------------------------
@@ -242,14 +242,14 @@ class MessageRepository(MessageRetention):
         The UPDATE locks the session row (Postgres) until the unit of work ends,
         so concurrent appenders queue here and their numbers never interleave.
         """
-        check_writable(self.session)
+        check_writable(self.link)
         agent = await self._agent_of(key)
-        async with guarded(self.session):
+        async with guarded(self.link):
             params = {"of_tenant": self._owner, "session_id": key, "count": count, "now": utcnow()}
             if agent is None:
-                rows = await fetch(self.session, _ALLOCATE, params)
+                rows = await fetch(self.link, _ALLOCATE, params)
             else:
-                rows = await fetch(self.session, _ALLOCATE_ROUTED, {**params, "of_agent": agent})
+                rows = await fetch(self.link, _ALLOCATE_ROUTED, {**params, "of_agent": agent})
         if not rows:
             raise NotFoundError(f"no session {key}")
         agent_id, end = rows[0]
@@ -296,5 +296,5 @@ class MessageRepository(MessageRetention):
                 stored.append(item)
             else:
                 stored.append(hydrate(Message, row))
-        await insert_rows(self.session, MESSAGES, _COLUMNS, [[row[c] for c in _COLUMNS] for row in rows])
+        await insert_rows(self.link, MESSAGES, _COLUMNS, [[row[c] for c in _COLUMNS] for row in rows])
         return stored

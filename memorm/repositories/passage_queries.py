@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.sql import ColumnElement
 
 from memorm.errors import NotFoundError, ValidationError
+from memorm.link import Link
 from memorm.models import EMBEDDING_MODELS, PASSAGES, ArchivalPassage, EmbeddingModel, fields, hydrate
 from memorm.page import Page
 from memorm.repositories.base import Repository
@@ -83,9 +84,9 @@ class PassageQueries(Repository):
     """The read side of [`PassageRepository`][memorm.repositories.PassageRepository]."""
 
     def __init__(
-        self, session: Any, tenant: str | None = DEFAULT_TENANT, *, cache: VectorCache | None = None
+        self, link: Link, tenant: str | None = DEFAULT_TENANT, *, cache: VectorCache | None = None
     ) -> None:
-        super().__init__(session, tenant)
+        super().__init__(link, tenant)
         self.cache = cache if cache is not None else VectorCache()
         self._models: dict[tuple[uuid.UUID, str], EmbeddingModel] = {}
 
@@ -321,7 +322,7 @@ class PassageQueries(Repository):
     def _guard(self) -> Any:
         from memorm.translate import guarded
 
-        return guarded(self.session)
+        return guarded(self.link)
 
     async def _filters(self, where: Filter | None) -> builtins.list[ColumnElement[bool]]:
         return await filter_conditions(self.session, PASSAGES, where)

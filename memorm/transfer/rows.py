@@ -148,11 +148,11 @@ async def read_batches(
         while True:
             wanted = batch_size - len(batch)
             params: dict[str, Any] = {"tenant": owner, "limit": wanted}
-            async with scoped(db, tenant, read_only=True) as uow, guarded(uow.session):
+            async with scoped(db, tenant, read_only=True) as uow, guarded(uow.link):
                 if last is None:
-                    rows = await fetch(uow.session, first, params)
+                    rows = await fetch(uow.link, first, params)
                 else:
-                    rows = await fetch(uow.session, after, {**params, "after": last})
+                    rows = await fetch(uow.link, after, {**params, "after": last})
             batch += rows
             if len(batch) >= batch_size:
                 yield batch
@@ -191,11 +191,11 @@ async def insert_new(db: Database, table: sa.Table, rows: Sequence[Row], *, tena
                 found.update((row_tenant, row_id) for row_tenant, row_id in await uow.session.execute(query))
             fresh = [row for row, key in zip(rows, keys, strict=True) if key not in found]
             await _refuse_taken(uow.session, table, fresh)
-        await insert_rows(uow.session, table, column_names(table), fresh)
+        await insert_rows(uow.link, table, column_names(table), fresh)
         if table is AGENTS and fresh:  # the agents' names are kept (unique) in agent_names
             name = column_names(AGENTS).index("name")
             named = [(row[owner], row[name], row[at]) for row in fresh]
-            await insert_rows(uow.session, AGENT_NAMES, ("tenant", "name", "agent_id"), named)
+            await insert_rows(uow.link, AGENT_NAMES, ("tenant", "name", "agent_id"), named)
     return len(fresh)
 
 
