@@ -27,13 +27,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 
 from memorm.tenancy import TENANT
 from memorm.translate import check_writable, guarded
+from memorm.types.datetime import UTCDateTime
+from memorm.types.uuid import UUIDType
 
 if TYPE_CHECKING:
     from memorm.link import Link
@@ -158,24 +160,60 @@ async def fetch(link: Link, statement: Any, params: dict[str, Any]) -> list[tupl
         rows = await link.driver.fetch(sql, *values)
     if not any(results):
         return [tuple(row) for row in rows]
-    return [
-        tuple(v if p is None or v is None else p(v) for p, v in zip(results, row, strict=True))
-        for row in rows
-    ]
+    return _decode(rows, results)
 
 
 @lru_cache(maxsize=64)
 def _compiled(
     dialect: Dialect, statement: Any
-) -> tuple[str, tuple[str, ...], tuple[Processor, ...], dict[str, Any], tuple[Processor, ...]]:
+) -> tuple[str, tuple[str, ...], tuple[Processor, ...], dict[str, Any], tuple[Decoder | None, ...]]:
     compiled = statement.compile(dialect=dialect)
     names = tuple(compiled.positiontup or ())
     binds = tuple(compiled.binds[name].type._cached_bind_processor(dialect) for name in names)
     defaults = {name: compiled.binds[name].value for name in names}
-    results = tuple(
-        column.type._cached_result_processor(dialect, None) for column in statement.exported_columns
-    )
+    results = tuple(_decoder(column.type, dialect) for column in statement.exported_columns)
     return str(compiled), names, binds, defaults, results
+
+
+class Decoder(NamedTuple):
+    """How a result column's driver values become Python values."""
+
+    process: Callable[[Any], Any]
+    # The value is immutable (a UUID, a datetime): rows repeating the previous
+    # row's driver value (a window's session and agent ids, the timestamps of a
+    # batch) share its Python value instead of decoding it again.
+    shared: bool
+
+
+def _decoder(column_type: Any, dialect: Dialect) -> Decoder | None:
+    process = column_type._cached_result_processor(dialect, None)
+    if process is None:
+        return None
+    return Decoder(process, isinstance(column_type, (UUIDType, UTCDateTime)))
+
+
+def _decode(rows: Sequence[Sequence[Any]], decoders: Sequence[Decoder | None]) -> list[tuple[Any, ...]]:
+    """Driver rows -> Python rows, by each column's decoder (built once per statement)."""
+    width = len(decoders)
+    last_in: list[Any] = [_UNSET] * width
+    last_out: list[Any] = [None] * width
+    decoded = []
+    for row in rows:
+        values = list(row)
+        for index in range(width):
+            decoder = decoders[index]
+            value = values[index]
+            if decoder is None or value is None:
+                continue
+            if not decoder.shared:
+                values[index] = decoder.process(value)
+            elif value == last_in[index]:
+                values[index] = last_out[index]
+            else:
+                values[index] = last_out[index] = decoder.process(value)
+                last_in[index] = value
+        decoded.append(tuple(values))
+    return decoded
 
 
 def in_transaction(driver: Any) -> bool:

@@ -156,6 +156,8 @@ def check_name(value: object, field: str, *, blank: bool = False) -> str:
 
 def check_json(value: object, field: str, *, _depth: int = 0) -> None:
     """A JSON value: dicts with string keys, lists, strings, finite numbers, bools, None."""
+    if _depth == 0 and _plain_json(value, 0):
+        return  # the common case, checked without naming every field on the way
     if _depth > MAX_JSON_DEPTH:
         raise ValidationError(f"{field}: nested deeper than {MAX_JSON_DEPTH} levels")
     if value is None or isinstance(value, bool):
@@ -180,6 +182,40 @@ def check_json(value: object, field: str, *, _depth: int = 0) -> None:
             check_json(item, f"{field}[{index}]", _depth=_depth + 1)
     else:
         raise ValidationError(f"{field}: {type(value).__name__} is not JSON")
+
+
+def _plain_json(value: object, depth: int) -> bool:
+    """Whether `value` is plainly valid JSON (built-in types only); False leaves it to `check_json`.
+
+    The same rules as `check_json`'s, without the field names it builds for
+    its messages on the way down.
+    """
+    if type(value) is str:
+        return "\x00" not in value and (value.isascii() or _encodes(value))
+    if type(value) is int:
+        return INT64_MIN <= value <= INT64_MAX
+    if type(value) is float:
+        return math.isfinite(value)
+    if value is None or type(value) is bool:
+        return True
+    if depth >= MAX_JSON_DEPTH:
+        return False
+    if type(value) is dict:
+        for key, item in value.items():
+            if type(key) is not str or not _plain_json(key, depth) or not _plain_json(item, depth + 1):
+                return False
+        return True
+    if type(value) is list or type(value) is tuple:
+        return all(_plain_json(item, depth + 1) for item in value)
+    return False
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_json_object(value: object, field: str) -> dict[str, Any]:

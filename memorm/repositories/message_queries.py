@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 from datetime import date, datetime
+from functools import cache
 from typing import Any
 
 import sqlalchemy as sa
@@ -40,6 +41,7 @@ __all__ = ["MessageQueries"]
 
 _FIELDS = fields(MESSAGES)  # not the derived search words
 _COLUMNS = tuple(column.name for column in _FIELDS)
+_SEQ = _COLUMNS.index("seq")
 SEQ_MAX = INT32_MAX  # seq is a 32-bit integer
 SEQ_MIN = INT32_MIN
 _WINDOW_BACK = (  # the newest `limit` messages up to seq `bound`, newest first
@@ -67,6 +69,61 @@ _ROUTED = MESSAGES.c.agent_id == sa.bindparam("agent")
 _WINDOW_BACK_ROUTED = _WINDOW_BACK.where(_ROUTED)
 _WINDOW_FORWARD_ROUTED = _WINDOW_FORWARD.where(_ROUTED)
 _FIRST_SCAN = 256  # context(): rows whose tokens are summed first (~25k tokens of chat)
+_TOKENS = sa.func.coalesce(  # a row's tokens, for budgets (estimated if a row has no count)
+    MESSAGES.c.token_count, sa.func.coalesce(sa.func.length(MESSAGES.c.content), 0) / 4 + 4
+)
+_SYSTEM, _BODY = 0, 1  # context(): which part of the answer a row is
+
+
+@cache
+def _context_statement(*, pinned: bool, routed: bool) -> sa.CompoundSelect[Any] | sa.Select[Any]:
+    """`context()` in one statement: the pinned system message and the newest rows that fit.
+
+    Rows come as `(part, *message columns)`, the body newest first (up to
+    `cap` of them, whose running token total stays within `budget` less the
+    system message's tokens).  Compiled once per variant and prepared by
+    the driver, like the windows.
+    """
+    chat = [
+        MESSAGES.c.tenant == sa.bindparam("tenant"),
+        MESSAGES.c.session_id == sa.bindparam("session_id"),
+        *([_ROUTED] if routed else []),
+    ]
+    allowed: Any = sa.bindparam("budget", type_=sa.Integer)
+    body_where: list[ColumnElement[bool]] = []
+    system: sa.Select[Any] | None = None
+    if pinned:
+        head = (
+            sa.select(
+                MESSAGES.c.seq, MESSAGES.c.role, sa.func.coalesce(MESSAGES.c.token_count, 0).label("tokens")
+            )
+            .where(*chat)
+            .order_by(MESSAGES.c.seq)
+            .limit(1)
+            .cte("head")
+        )
+        found = sa.select(head.c.seq, head.c.tokens).where(head.c.role == "system").cte("pinned")
+        pinned_seq = sa.select(found.c.seq).scalar_subquery()
+        body_where.append(sa.or_(pinned_seq.is_(None), MESSAGES.c.seq > pinned_seq))
+        allowed = allowed - sa.func.coalesce(sa.select(found.c.tokens).scalar_subquery(), 0)
+        system = sa.select(sa.literal(_SYSTEM).label("part"), *_FIELDS).where(
+            *chat, MESSAGES.c.seq == pinned_seq
+        )
+    newest = (
+        sa.select(*_FIELDS, _TOKENS.label("tokens"))
+        .where(*chat, *body_where)
+        .order_by(MESSAGES.c.seq.desc())
+        .limit(sa.bindparam("cap"))
+        .cte("newest")
+    )
+    running = sa.select(
+        *(newest.c[name] for name in _COLUMNS),
+        sa.func.sum(newest.c.tokens).over(order_by=newest.c.seq.desc()).label("running"),
+    ).cte("running")
+    body = sa.select(sa.literal(_BODY).label("part"), *(running.c[name] for name in _COLUMNS)).where(
+        running.c.running <= allowed
+    )
+    return body if system is None else sa.union_all(system, body)
 
 
 def _cursor(value: object, field: str) -> int:
@@ -155,6 +212,31 @@ class MessageQueries(Repository):
         # A budget in token_count's unit, and as wide: Postgres compares it as a 32-bit integer.
         budget = check_int(max_tokens, "max_tokens", minimum=1, maximum=INT32_MAX)
         check_flag(pinned_system, "pinned_system")
+        # One statement (`_context_statement`) answers unless every row it summed
+        # fitted (messages of no tokens): then the budget may reach further back.
+        agent = await self._agent_of(key)
+        cap = min(budget + 1, _FIRST_SCAN)
+        params: dict[str, Any] = {"tenant": self._owner, "session_id": key, "budget": budget, "cap": cap}
+        if agent is not None:
+            params["agent"] = agent
+        statement = _context_statement(pinned=pinned_system, routed=agent is not None)
+        async with guarded(self.link):
+            found = await fetch(self.link, statement, params)
+        if sum(row[0] == _BODY for row in found) >= cap:
+            return await self._context_beyond(key, budget, pinned_system)
+        found.sort(key=lambda row: (row[0], row[1 + _SEQ]))  # the system message, then oldest first
+        messages = [hydrate(Message, dict(zip(_COLUMNS, row[1:], strict=True))) for row in found]
+        system = messages.pop(0) if messages and found[0][0] == _SYSTEM else None
+        while messages and messages[0].role == "tool":  # an answer whose call did not fit
+            messages.pop(0)
+        if system is not None:
+            return [system, *messages]
+        if not messages and not found:
+            await self._require_session(key)
+        return messages
+
+    async def _context_beyond(self, key: uuid.UUID, budget: int, pinned_system: bool) -> list[Message]:
+        """`context()` for a budget the newest `_FIRST_SCAN` rows did not fill (step by step)."""
         system: Message | None = None
         where = await self._chat(key)
         head = await self._fetch_window(key, forward=True, bound=SEQ_MIN, limit=1)
@@ -201,10 +283,8 @@ class MessageQueries(Repository):
         with the newest `_FIRST_SCAN` rows and doubles while every row it
         read still fitted.
         """
-        tokens = sa.func.coalesce(
-            MESSAGES.c.token_count, sa.func.coalesce(sa.func.length(MESSAGES.c.content), 0) / 4 + 4
-        )
-        cap = min(budget + 1, _FIRST_SCAN)
+        tokens = _TOKENS
+        cap = _FIRST_SCAN * 2  # `context()` found the first `_FIRST_SCAN` rows all fit
         while True:
             newest = (
                 sa.select(MESSAGES.c.seq.label("seq"), tokens.label("tokens"))
