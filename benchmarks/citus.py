@@ -43,8 +43,9 @@ import numpy as np
 from sqlalchemy import event, text
 
 from benchmarks.archival import make_corpus, recall
+from benchmarks.chat_data import make_messages
 from benchmarks.common import Row, Samples, Store, store, timed
-from benchmarks.core import chat_operations, make_messages, reading
+from benchmarks.core import chat_operations, reading
 from memorm import Database
 
 NAME = "citus"
