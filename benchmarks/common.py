@@ -18,13 +18,14 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
 from memorm import Database
@@ -44,6 +45,7 @@ __all__ = [
     "print_goals",
     "print_table",
     "sqlite_words",
+    "statements_sent",
     "store",
     "timed",
 ]
@@ -160,6 +162,31 @@ async def store(engine: str) -> AsyncIterator[Store]:
     finally:
         await admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         await admin.close()
+
+
+@contextmanager
+def statements_sent(db: Database, containing: str) -> Iterator[list[tuple[str, Any]]]:
+    """The statements (SQL, parameters) ``db`` sends inside the block whose SQL contains ``containing``.
+
+    For EXPLAINing what memorm sent, or counting statements.  Example::
+
+        with statements_sent(db, "<=>") as sent:
+            await search(db, ...)
+        (statement, parameters), = sent
+    """
+    sent: list[tuple[str, Any]] = []
+
+    def capture(
+        _conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, _many: bool
+    ) -> None:
+        if containing in statement:
+            sent.append((statement, parameters))
+
+    event.listen(db.engine.sync_engine, "before_cursor_execute", capture)
+    try:
+        yield sent
+    finally:
+        event.remove(db.engine.sync_engine, "before_cursor_execute", capture)
 
 
 # -- timing ---------------------------------------------------------------------------------------
