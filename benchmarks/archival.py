@@ -46,7 +46,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
-from sqlalchemy import event
 
 from benchmarks.common import (
     Row,
@@ -55,6 +54,7 @@ from benchmarks.common import (
     format_seconds,
     postgres_words,
     sqlite_words,
+    statements_sent,
     store,
     timed,
 )
@@ -481,19 +481,8 @@ async def explain_memorm_search(
     db: Database, raw: RawPostgres, agent_id: uuid.UUID, query: list[float]
 ) -> str:
     """The plan of the nearest-neighbour statement memorm sends for ``query`` (captured, then EXPLAINed)."""
-    sent: list[tuple[str, Sequence[Any]]] = []
-
-    def capture(
-        _conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, _many: bool
-    ) -> None:
-        if "<=>" in statement:
-            sent.append((statement, parameters))
-
-    event.listen(db.engine.sync_engine, "before_cursor_execute", capture)
-    try:
+    with statements_sent(db, "<=>") as sent:
         await memorm_search(db, agent_id, query, ef_search=EF_SEARCHES[0])
-    finally:
-        event.remove(db.engine.sync_engine, "before_cursor_execute", capture)
     if len(sent) != 1:
         return f"(captured {len(sent)} vector statements)"
     statement, parameters = sent[0]

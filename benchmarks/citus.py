@@ -40,11 +40,12 @@ from typing import Any
 
 import anyio
 import numpy as np
-from sqlalchemy import event, text
+from sqlalchemy import text
 
 from benchmarks.archival import make_corpus, recall
-from benchmarks.common import Row, Samples, Store, store, timed
-from benchmarks.core import chat_operations, make_messages, reading
+from benchmarks.chat_data import make_messages
+from benchmarks.common import Row, Samples, Store, statements_sent, store, timed
+from benchmarks.core import chat_operations, reading
 from memorm import Database
 
 NAME = "citus"
@@ -134,16 +135,7 @@ async def _search(db: Database, agent: uuid.UUID, query: list[float], ef_search:
 
 async def _plan(db: Database, agent: uuid.UUID, query: list[float]) -> str:
     """EXPLAIN of the nearest-neighbour statement memorm sends (on Citus: with the worker's plan)."""
-    sent: list[tuple[str, Sequence[Any]]] = []
-
-    def capture(
-        _conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, _many: bool
-    ) -> None:
-        if "ORDER BY distance" in statement:
-            sent.append((statement, parameters))
-
-    event.listen(db.engine.sync_engine, "before_cursor_execute", capture)
-    try:
+    with statements_sent(db, "ORDER BY distance") as sent:
         async with db.unit_of_work(read_only=True) as uow:
             await uow.passages.search(agent, query, k=K, embedding_model=HNSW_MODEL)
             statement, parameters = sent[-1]
@@ -151,8 +143,6 @@ async def _plan(db: Database, agent: uuid.UUID, query: list[float]) -> str:
             # ANALYZE: a plain EXPLAIN with parameters fails on the Citus worker ("could
             # not determine data type of parameter $1") and breaks the transaction.
             plan = await driver.fetch(f"EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {statement}", *parameters)
-    finally:
-        event.remove(db.engine.sync_engine, "before_cursor_execute", capture)
     return "\n".join(row[0] for row in plan)
 
 

@@ -18,13 +18,14 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
 from memorm import Database
@@ -41,8 +42,10 @@ __all__ = [
     "format_seconds",
     "postgres_unavailable",
     "postgres_words",
+    "print_goals",
     "print_table",
     "sqlite_words",
+    "statements_sent",
     "store",
     "timed",
 ]
@@ -161,6 +164,31 @@ async def store(engine: str) -> AsyncIterator[Store]:
         await admin.close()
 
 
+@contextmanager
+def statements_sent(db: Database, containing: str) -> Iterator[list[tuple[str, Any]]]:
+    """The statements (SQL, parameters) ``db`` sends inside the block whose SQL contains ``containing``.
+
+    For EXPLAINing what memorm sent, or counting statements.  Example::
+
+        with statements_sent(db, "<=>") as sent:
+            await search(db, ...)
+        (statement, parameters), = sent
+    """
+    sent: list[tuple[str, Any]] = []
+
+    def capture(
+        _conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, _many: bool
+    ) -> None:
+        if containing in statement:
+            sent.append((statement, parameters))
+
+    event.listen(db.engine.sync_engine, "before_cursor_execute", capture)
+    try:
+        yield sent
+    finally:
+        event.remove(db.engine.sync_engine, "before_cursor_execute", capture)
+
+
 # -- timing ---------------------------------------------------------------------------------------
 
 
@@ -211,7 +239,9 @@ class Row:
 
     ``rows`` is how many rows one timed run handles (for rows/s); ``target`` the
     largest acceptable memorm/raw ratio; rows without a raw baseline (checks such
-    as "flat latency") put their verdict in ``status`` and ``note``.
+    as "flat latency") put their verdict in ``status`` and ``note``.  ``goal``
+    names the goal the row measures, as the issue that set it words it; rows
+    sharing a goal meet it together (:func:`print_goals`).
     """
 
     module: str
@@ -223,6 +253,7 @@ class Row:
     target: float | None = None
     note: str = ""
     status: str | None = None
+    goal: str = ""
 
     @property
     def ratio(self) -> float | None:
@@ -301,3 +332,32 @@ def print_table(title: str, rows: Sequence[Row]) -> None:
     for row in rows:
         if row.note:
             print(f"  * {row.operation}: {row.note}")
+
+
+def print_goals(rows: Sequence[Row]) -> None:
+    """Print each goal of ``rows`` as met or missed per engine, with its worst ratio.
+
+    A goal is met on an engine when every row measuring it there passed.
+    """
+    goals = list(dict.fromkeys(row.goal for row in rows if row.goal))
+    if not goals:
+        return
+    engines = list(dict.fromkeys(row.engine for row in rows if row.goal))
+    cells = []
+    for goal in goals:
+        line = [goal]
+        for engine in engines:
+            judged = [row for row in rows if row.goal == goal and row.engine == engine and row.verdict]
+            if not judged:
+                line.append("-")
+                continue
+            met = all(row.verdict == "PASS" for row in judged)
+            ratios = [row.ratio for row in judged if row.ratio is not None]
+            worst = f" ({max(ratios):.2f}x)" if ratios else ""
+            line.append(("met" if met else "MISSED") + worst)
+        cells.append(line)
+    header = ["goal", *engines]
+    widths = [max(len(line[index]) for line in [header, *cells]) for index in range(len(header))]
+    print("\n== goals (worst ratio of each goal's rows) ==")
+    for line in [header, ["-" * width for width in widths], *cells]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())

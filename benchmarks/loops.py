@@ -23,16 +23,10 @@ from typing import Any
 
 import anyio
 
+from benchmarks.chat_data import make_messages
 from benchmarks.common import Row, Samples, Store, timed
-from benchmarks.core import (
-    RawPostgres,
-    RawSQLite,
-    both_sides,
-    make_messages,
-    memorm_append,
-    new_session,
-    open_raw,
-)
+from benchmarks.core import both_sides, memorm_append, new_session
+from benchmarks.raw_chat import RawPostgres, RawSQLite, open_raw
 
 NAME = "loops"
 

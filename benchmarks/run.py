@@ -38,7 +38,7 @@ from types import ModuleType
 from typing import Any
 
 import benchmarks
-from benchmarks.common import ENGINES, Row, postgres_unavailable, print_table
+from benchmarks.common import ENGINES, Row, postgres_unavailable, print_goals, print_table
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = ROOT / ".bench" / "latest.json"
@@ -152,6 +152,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
         print(f"\n({name}: {time.perf_counter() - module_started:.1f} s)")
     elapsed = time.perf_counter() - started
 
+    print_goals(results)
     misses = [row for row in results if row.verdict == "MISS"]
     print(f"\n{len(results)} rows in {elapsed:.1f} s; {len(misses)} MISS")
     for row in misses:

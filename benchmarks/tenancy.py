@@ -24,8 +24,10 @@ from collections.abc import Sequence
 import asyncpg
 from sqlalchemy.engine import make_url
 
+from benchmarks.chat_data import make_messages
 from benchmarks.common import POSTGRES_URL, Row, Samples, asyncpg_dsn, store, timed
-from benchmarks.core import Operation, RawPostgres, chat_operations, make_messages, reading
+from benchmarks.core import Operation, chat_operations, reading
+from benchmarks.raw_chat import RawPostgres
 from memorm import Database
 from memorm.tenants import create_role
 
