@@ -117,6 +117,11 @@ class Link:
             return await self.session.execute(statement, params)
         return await self.connection.execute(statement, params)
 
+    @property
+    def needs_begin(self) -> bool:
+        """Whether the next statement must begin the transaction first."""
+        return self._transactional and not self.begun
+
     async def ready(self) -> None:
         """Begin the transaction, if this unit of work needs one and has none yet."""
         if self._transactional and not self.begun:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from functools import cache
 from typing import Any
 
 import sqlalchemy as sa
@@ -24,7 +25,7 @@ import sqlalchemy as sa
 from memorm.driver import fetch, insert_rows
 from memorm.errors import NotFoundError
 from memorm.link import Link
-from memorm.models import MESSAGES, SESSIONS, Message, hydrate
+from memorm.models import MESSAGES, SEARCH_WORDS, SESSIONS, Message, hydrate
 from memorm.repositories.message_input import MessageInput, check_batch, check_message, count_tokens
 from memorm.repositories.message_queries import _COLUMNS, SEQ_MAX, SEQ_MIN
 from memorm.repositories.message_retention import MessageRetention
@@ -43,6 +44,41 @@ _ALLOCATE = (
     .returning(SESSIONS.c.agent_id, SESSIONS.c.next_seq)
 )
 _ALLOCATE_ROUTED = _ALLOCATE.where(SESSIONS.c.agent_id == sa.bindparam("of_agent"))  # the agent known
+_FROM_COUNTER = ("agent_id", "seq")  # a folded append's columns that come from the session's counter
+
+
+@cache
+def _append_one(*, routed: bool) -> sa.Insert:
+    """One message appended in one statement (Postgres): the counter's UPDATE feeds the INSERT.
+
+    `INSERT … SELECT` from a data-modifying CTE: the session's `next_seq`
+    moves and the message takes the number, in one round trip instead of
+    two.  No session, no row: `RETURNING` comes back empty.
+    """
+    counter = sa.update(SESSIONS).where(
+        SESSIONS.c.tenant == sa.bindparam("of_tenant"), SESSIONS.c.id == sa.bindparam("session_id")
+    )
+    if routed:
+        counter = counter.where(SESSIONS.c.agent_id == sa.bindparam("of_agent"))
+    taken = (
+        counter.values(next_seq=SESSIONS.c.next_seq + 1, updated_at=sa.bindparam("updated_at"))
+        .returning(SESSIONS.c.agent_id, SESSIONS.c.next_seq)
+        .cte("taken")
+    )
+    names = [*_COLUMNS, SEARCH_WORDS]
+    values = [
+        taken.c.agent_id
+        if name == "agent_id"
+        else taken.c.next_seq - 1
+        if name == "seq"
+        else sa.bindparam(name, type_=MESSAGES.c[name].type)
+        for name in names
+    ]
+    return (
+        sa.insert(MESSAGES)
+        .from_select(names, sa.select(*values).select_from(taken))
+        .returning(MESSAGES.c.agent_id, MESSAGES.c.seq)
+    )
 
 
 class MessageRepository(MessageRetention):
@@ -81,6 +117,8 @@ class MessageRepository(MessageRetention):
         if not rows:
             await self._lock_session(key)
             return []
+        if len(rows) == 1 and not self.link.sqlite:
+            return [await self._append_one(key, batch[0], rows[0])]
         agent_id, end = await self._allocate(key, len(rows))
         return await self._store(key, agent_id, batch, rows, first_seq=end - len(rows))
 
@@ -254,6 +292,28 @@ class MessageRepository(MessageRetention):
             raise NotFoundError(f"no session {key}")
         agent_id, end = rows[0]
         return agent_id, int(end)
+
+    async def _append_one(self, key: uuid.UUID, item: MessageInput, row: dict[str, Any]) -> Message:
+        """Append one checked message in one statement (`_append_one`, Postgres)."""
+        check_writable(self.link)
+        agent = await self._agent_of(key)
+        now = utcnow()
+        row.update(tenant=self._owner, session_id=key, updated_at=now)
+        if row["created_at"] is None:
+            row["created_at"] = now
+        params = {name: row[name] for name in _COLUMNS if name not in _FROM_COUNTER}
+        params.update(of_tenant=self._owner, search_words=row["content"] or "")
+        if agent is not None:
+            params["of_agent"] = agent
+        async with guarded(self.link):
+            found = await fetch(self.link, _append_one(routed=agent is not None), params)
+        if not found:
+            raise NotFoundError(f"no session {key}")
+        row["agent_id"], row["seq"] = found[0]
+        if isinstance(item, Message):
+            item.__dict__.update(row)  # transient object: plain writes are enough
+            return item
+        return hydrate(Message, row)
 
     async def _lock_session(self, key: uuid.UUID) -> tuple[uuid.UUID, int]:
         """Lock the session row (as appends do) for a multi-statement edit."""
