@@ -9,8 +9,9 @@ SQLSTATE codes (Postgres) and on SQLite's stable message prefixes.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import TracebackType
 from typing import Any, Protocol
 
 from sqlalchemy import exc as sa_exc
@@ -163,8 +164,7 @@ def failure(session: Stateful) -> MemormError | None:
     return error if isinstance(error, MemormError) else None
 
 
-@asynccontextmanager
-async def guarded(session: Stateful, *, recoverable: bool = False) -> AsyncIterator[None]:
+def guarded(session: Stateful, *, recoverable: bool = False) -> Guard:
     """`translating`, and the unit of work's record of what went wrong.
 
     A database error fails the unit of work, on both engines alike: Postgres
@@ -178,21 +178,40 @@ async def guarded(session: Stateful, *, recoverable: bool = False) -> AsyncItera
     statement took effect is unknown.  The unit of work then drops the
     connection instead of returning it to the pool.
     """
-    earlier = failure(session)
-    if earlier is not None:
-        raise DatabaseError(f"this unit of work already failed ({earlier}); it can only roll back")
-    try:
-        with translating():
-            yield
-    except MemormError as error:
-        if not recoverable and error.__cause__ is not None:  # from the database, not our checks
-            session.info[FAILED] = error
-        raise
-    except BaseException as error:
-        if not isinstance(error, Exception):  # cancelled (or interrupted) amid a statement
-            session.info[INTERRUPTED] = True
-            session.info.setdefault(FAILED, DatabaseError("a statement was interrupted by cancellation"))
-        raise
+    return Guard(session.info, recoverable)
+
+
+class Guard:
+    """What `guarded` returns: a plain async context manager (no generator per statement)."""
+
+    __slots__ = ("info", "recoverable")
+
+    def __init__(self, info: dict[Any, Any], recoverable: bool) -> None:
+        self.info = info
+        self.recoverable = recoverable
+
+    async def __aenter__(self) -> None:
+        earlier = self.info.get(FAILED)
+        if isinstance(earlier, MemormError):
+            raise DatabaseError(f"this unit of work already failed ({earlier}); it can only roll back")
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if error is None:
+            return
+        if isinstance(error, Exception):
+            translated = translate(error)
+            if isinstance(translated, MemormError) and not self.recoverable and translated is not error:
+                self.info[FAILED] = translated  # from the database, not our checks
+            if translated is not None and translated is not error:
+                raise translated from error
+            if isinstance(error, MemormError) and not self.recoverable and error.__cause__ is not None:
+                self.info[FAILED] = error
+            return
+        # Cancelled (or interrupted) amid a statement.
+        self.info[INTERRUPTED] = True
+        self.info.setdefault(FAILED, DatabaseError("a statement was interrupted by cancellation"))
 
 
 @contextmanager
