@@ -62,7 +62,8 @@ class UnitOfWork:
         sessions: the agents' chat sessions.
         messages: the sessions' messages (recall memory).
         passages: the agents' archival passages and embedding models.
-        session: the underlying SQLAlchemy `AsyncSession`, for queries of your own.
+        session: a SQLAlchemy `AsyncSession` on the unit of work's connection and
+            transaction, for queries of your own (made on first use).
     """
 
     agents: AgentRepository
