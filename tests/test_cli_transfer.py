@@ -13,7 +13,7 @@ import gzip
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -422,15 +422,18 @@ async def _many_messages(url: str, count: int) -> None:
 
 
 @pytest.mark.postgres
-def test_copy_of_20000_messages_runs_in_batches_quickly(
-    tmp_path: Path, postgres_urls: Any, capsys: pytest.CaptureFixture[str]
+def test_copy_of_20000_messages_runs_in_batches(
+    tmp_path: Path,
+    postgres_urls: Any,
+    capsys: pytest.CaptureFixture[str],
+    record_property: Callable[[str, object], None],
 ) -> None:
     source, destination = f"sqlite:///{tmp_path / 'a.db'}", postgres_urls.new()
     asyncio.run(_many_messages(source, 20_000))
     started = time.perf_counter()
     assert main(["copy", "--batch-size", "3000", source, destination]) == 0
-    elapsed = time.perf_counter() - started
+    # How long it took is reported, not asserted: speed lives in the benchmarks.
+    record_property("copy_seconds", round(time.perf_counter() - started, 2))
     assert "copied 20,000 messages" in capsys.readouterr().out
-    assert elapsed < 15, f"copying 20,000 messages took {elapsed:.1f} s"
     rows = dump(destination)["messages"]
     assert [row["seq"] for row in rows] == list(range(1, 20_001))
