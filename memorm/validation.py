@@ -154,10 +154,13 @@ def check_name(value: object, field: str, *, blank: bool = False) -> str:
     return checked
 
 
-def check_json(value: object, field: str, *, _depth: int = 0) -> None:
+def check_json(value: object, field: str) -> None:
     """A JSON value: dicts with string keys, lists, strings, finite numbers, bools, None."""
-    if _depth == 0 and _plain_json(value, 0):
-        return  # the common case, checked without naming every field on the way
+    if not _plain_json(value, 0):  # the common case, checked without naming every field on the way
+        _check_json(value, field, 0)  # finds what is wrong, and says where; or passes a subclass
+
+
+def _check_json(value: object, field: str, _depth: int) -> None:
     if _depth > MAX_JSON_DEPTH:
         raise ValidationError(f"{field}: nested deeper than {MAX_JSON_DEPTH} levels")
     if value is None or isinstance(value, bool):
@@ -176,10 +179,10 @@ def check_json(value: object, field: str, *, _depth: int = 0) -> None:
             if not isinstance(key, str):
                 raise ValidationError(f"{field}: keys must be strings, got {shown(key, 40)}")
             check_text(key, f"{field} key")
-            check_json(item, f"{field}.{key}", _depth=_depth + 1)
+            _check_json(item, f"{field}.{key}", _depth + 1)
     elif isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
-            check_json(item, f"{field}[{index}]", _depth=_depth + 1)
+            _check_json(item, f"{field}[{index}]", _depth + 1)
     else:
         raise ValidationError(f"{field}: {type(value).__name__} is not JSON")
 
@@ -188,26 +191,41 @@ def _plain_json(value: object, depth: int) -> bool:
     """Whether `value` is plainly valid JSON (built-in types only); False leaves it to `check_json`.
 
     The same rules as `check_json`'s, without the field names it builds for
-    its messages on the way down.
+    its messages on the way down, and with scalars checked inline in the
+    loop over their container (a call per container, not per value).
     """
-    if type(value) is str:
-        return "\x00" not in value and (value.isascii() or _encodes(value))
-    if type(value) is int:
-        return INT64_MIN <= value <= INT64_MAX
-    if type(value) is float:
-        return math.isfinite(value)
-    if value is None or type(value) is bool:
-        return True
-    if depth >= MAX_JSON_DEPTH:
-        return False
     if type(value) is dict:
-        for key, item in value.items():
-            if type(key) is not str or not _plain_json(key, depth) or not _plain_json(item, depth + 1):
+        for key in value:
+            if type(key) is not str or "\x00" in key or not (key.isascii() or _encodes(key)):
                 return False
-        return True
+        return (depth < MAX_JSON_DEPTH or not value) and _plain_values(value.values(), depth + 1)
     if type(value) is list or type(value) is tuple:
-        return all(_plain_json(item, depth + 1) for item in value)
-    return False
+        return (depth < MAX_JSON_DEPTH or not value) and _plain_values(value, depth + 1)
+    return type(value) in _SCALARS and _plain_values((value,), depth)
+
+
+def _plain_values(values: Iterable[object], depth: int) -> bool:
+    for item in values:
+        if type(item) is str:
+            if "\x00" in item or not (item.isascii() or _encodes(item)):
+                return False
+        elif type(item) is int:
+            if not INT64_MIN <= item <= INT64_MAX:
+                return False
+        elif type(item) is float:
+            if not math.isfinite(item):
+                return False
+        elif (
+            item is not None
+            and type(item) is not bool
+            and not (type(item) in _CONTAINERS and _plain_json(item, depth))
+        ):
+            return False
+    return True
+
+
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+_CONTAINERS = frozenset((dict, list, tuple))
 
 
 def _encodes(text: str) -> bool:
