@@ -21,10 +21,16 @@ cluster's noise), never copies of stored vectors.  Everything is seeded.
    full-text triggers (SQLite) or GIN index (Postgres).  Target: 1.5x.
 2. Postgres: exact search (no index; memorm against a raw ``ORDER BY
    embedding <=> q LIMIT 10``), then ``ensure_index`` (HNSW, m=16,
-   ef_construction=64) and its build time, then search at ``ef_search`` 40 and
-   100 (memorm against the same raw SQL, which matches the partial index).
-   Target: recall@10 against the exact results >= 0.95 at a median latency at
-   least 5x below memorm's exact search.
+   ef_construction=64) and its build time, then search at the default
+   ``ef_search`` (40) and at 100.  The raw side is the same single query a
+   raw asyncpg caller sends (the passage's columns and the distance, decoded
+   to dicts; the partial index's predicate as literals), on a connection
+   set up once with ``hnsw.ef_search = 40`` and ``hnsw.iterative_scan =
+   strict_order``; at ``ef_search`` 100 both sides set it per search
+   (raw: ``BEGIN``, ``SET LOCAL``, the query, ``COMMIT``).  Recall's truth
+   is numpy's exact top 10 in float64.  Targets: memorm within 1.3x of raw,
+   recall@10 >= 0.95, and a median latency at least 5x below memorm's exact
+   search.
 3. SQLite: warm search (vector cache loaded) in a read-only unit of work
    against plain numpy on the same float32 matrix (pre-normalised; per query:
    normalise, matmul, argpartition, sort the top 10).  Target: 2x.  Cold search
@@ -72,12 +78,15 @@ CLUSTERS = 300
 SPECTRUM = 0.5  # per-axis noise scale i ** -SPECTRUM within a cluster
 SEED = 384
 K = 10
-EF_SEARCHES = (40, 100)
+EF_SEARCHES = (None, 100)  # None: the connection's default, 40
 
 INSERT_TARGET = 1.5
 WARM_TARGET = 2.0
 RECALL_TARGET = 0.95
 SPEEDUP_TARGET = 5.0
+HNSW_TARGET = 1.3  # memorm's HNSW search against the same single raw query
+# What a raw caller sets once per connection (memorm does the same: memorm.db).
+RAW_SETUP = "SET hnsw.ef_search = 40; SET hnsw.iterative_scan = strict_order"
 
 TENANT = "default"  # the tenant memorm writes (the embedding model rows take it from the server default)
 COLUMNS = (
@@ -298,6 +307,7 @@ class RawPostgres:
 
         connection = await where.raw_postgres()
         await register_vector(connection)
+        await connection.execute(RAW_SETUP)
         return cls(connection)
 
     async def add_many(self, agent_id: uuid.UUID, items: Sequence[dict[str, Any]]) -> None:
@@ -343,10 +353,7 @@ class RawPostgres:
             rows = await connection.fetch(self.SEARCH, query, agent_id, k)
         else:
             async with connection.transaction():
-                await connection.execute(
-                    f"SET LOCAL hnsw.ef_search = {int(ef_search)}; "
-                    "SET LOCAL hnsw.iterative_scan = strict_order"
-                )
+                await connection.execute(f"SET LOCAL hnsw.ef_search = {int(ef_search)}")
                 rows = await connection.fetch(self.SEARCH, query, agent_id, k)
         decoded = []
         for row in rows:
@@ -479,14 +486,17 @@ async def explain(raw: RawPostgres, sql: str, parameters: Sequence[Any]) -> str:
 
 async def explain_memorm_search(
     db: Database, raw: RawPostgres, agent_id: uuid.UUID, query: list[float]
-) -> str:
-    """The plan of the nearest-neighbour statement memorm sends for ``query`` (captured, then EXPLAINed)."""
-    with statements_sent(db, "<=>") as sent:
-        await memorm_search(db, agent_id, query, ef_search=EF_SEARCHES[0])
-    if len(sent) != 1:
-        return f"(captured {len(sent)} vector statements)"
-    statement, parameters = sent[0]
-    return await explain(raw, statement, parameters)
+) -> tuple[str, int]:
+    """The plan of the nearest-neighbour statement memorm sends for ``query`` (captured, then
+    EXPLAINed), and how many statements the search sent in all."""
+    await memorm_search(db, agent_id, query)  # warm: the model is cached on the Database
+    with statements_sent(db, "") as sent:
+        await memorm_search(db, agent_id, query)
+    vector = [(statement, parameters) for statement, parameters in sent if "<=>" in statement]
+    if len(vector) != 1:
+        return f"(captured {len(vector)} vector statements)", len(sent)
+    statement, parameters = vector[0]
+    return await explain(raw, statement, parameters), len(sent)
 
 
 def _uses(plan: str, index_name: str) -> str:
@@ -510,7 +520,7 @@ async def bench_postgres_search(
         await memorm_search(db, agent_id, query)
         await raw.search(agent_id, query)
     exact_memorm, exact_raw = Samples(), Samples()
-    truth: list[list[uuid.UUID]] = []
+    truth = [[ids[i] for i in exact_top(corpus, vector)] for vector in corpus.queries]  # float64
     agree_raw = agree_numpy = 0.0
     for index, query in enumerate(queries):
         if index % 2:
@@ -519,9 +529,8 @@ async def bench_postgres_search(
         else:
             found = await timed(lambda q=query: memorm_search(db, agent_id, q), exact_memorm)
             found_raw = await timed(lambda q=query: raw.search(agent_id, q), exact_raw)
-        truth.append(found)
         agree_raw += recall([hit["id"] for hit in found_raw], found)
-        agree_numpy += recall([ids[i] for i in exact_top(corpus, corpus.queries[index])], found)
+        agree_numpy += recall(truth[index], found)
     rows = [
         Row(
             NAME,
@@ -543,7 +552,7 @@ async def bench_postgres_search(
 
     index_name = await timed(ensure, build)
     raw_plan = await explain(raw, raw.SEARCH, (queries[0], agent_id, K))
-    memorm_plan = await explain_memorm_search(db, raw, agent_id, queries[0])
+    memorm_plan, statements = await explain_memorm_search(db, raw, agent_id, queries[0])
     rows.append(
         Row(
             NAME,
@@ -553,7 +562,8 @@ async def bench_postgres_search(
             rows=count,
             note=f"{build.median:.1f} s, {count / build.median:,.0f} vectors/s; the index is used by "
             f"the raw query: {_uses(raw_plan, index_name)}, "
-            f"by memorm's search: {_uses(memorm_plan, index_name)}",
+            f"by memorm's search: {_uses(memorm_plan, index_name)}; memorm sends {statements} "
+            f"statement(s) per search (raw: 1)",
         )
     )
     for ef_search in EF_SEARCHES:
@@ -582,19 +592,26 @@ async def bench_postgres_search(
         got /= len(queries)
         got_raw /= len(queries)
         speedup = exact_memorm.median / ours.median
+        ratio = ours.median / theirs.median
+        met = got >= RECALL_TARGET and speedup >= SPEEDUP_TARGET and ratio <= HNSW_TARGET
         rows.append(
             Row(
                 NAME,
                 "postgres",
-                f"HNSW search k={K} ef_search={ef_search}",
+                f"HNSW search k={K} ef_search={ef_search or '40 (default)'}",
                 ours,
                 theirs,
                 rows=K,
-                status="PASS" if got >= RECALL_TARGET and speedup >= SPEEDUP_TARGET else "MISS",
-                note=f"recall@{K} {got:.3f} (raw {got_raw:.3f}; target >= {RECALL_TARGET}); "
+                status="PASS" if met else "MISS",
+                note=f"{ratio:.2f}x raw (target <= {HNSW_TARGET:g}x); recall@{K} against float64 numpy "
+                f"{got:.3f} (raw {got_raw:.3f}; target >= {RECALL_TARGET}); "
                 f"{format_seconds(ours.median)} vs exact {format_seconds(exact_memorm.median)}: "
-                f"{speedup:.1f}x faster (target >= {SPEEDUP_TARGET:g}x); "
-                "raw: the same SQL after SET LOCAL ef_search",
+                f"{speedup:.1f}x faster (target >= {SPEEDUP_TARGET:g}x); raw: "
+                + (
+                    "the same single query on a connection set up once"
+                    if ef_search is None
+                    else "BEGIN, SET LOCAL hnsw.ef_search, the same query, COMMIT"
+                ),
             )
         )
     return rows

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
 from memorm import Database
 from memorm.search.normalize import index_words
+from memorm.testing import capture_statements
 from memorm.types.search_words import encode_tsvector, register_tsvector
 
 __all__ = [
@@ -168,25 +168,15 @@ async def store(engine: str) -> AsyncIterator[Store]:
 def statements_sent(db: Database, containing: str) -> Iterator[list[tuple[str, Any]]]:
     """The statements (SQL, parameters) ``db`` sends inside the block whose SQL contains ``containing``.
 
-    For EXPLAINing what memorm sent, or counting statements.  Example::
+    For EXPLAINing what memorm sent, or counting statements
+    (`memorm.testing.capture_statements`: the driver's and SQLAlchemy's).  Example::
 
         with statements_sent(db, "<=>") as sent:
             await search(db, ...)
         (statement, parameters), = sent
     """
-    sent: list[tuple[str, Any]] = []
-
-    def capture(
-        _conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, _many: bool
-    ) -> None:
-        if containing in statement:
-            sent.append((statement, parameters))
-
-    event.listen(db.engine.sync_engine, "before_cursor_execute", capture)
-    try:
+    with capture_statements(db, containing) as sent:
         yield sent
-    finally:
-        event.remove(db.engine.sync_engine, "before_cursor_execute", capture)
 
 
 # -- timing ---------------------------------------------------------------------------------------

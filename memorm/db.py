@@ -6,8 +6,10 @@ Per-dialect connection setup lives here and nowhere else:
   that really begin.  Writing units of work open with `BEGIN IMMEDIATE`, so
   concurrent writers queue for the write lock instead of failing with
   "database is locked" when a read lock cannot be upgraded.
-* Postgres: asyncpg with a shared pool, and pgvector's binary
-  codec registered on each new connection.
+* Postgres: asyncpg with a shared pool, pgvector's binary codec
+  registered on each new connection, and the HNSW search settings set on
+  it once (`memorm.search.vector.CONNECTION_SETTINGS`), so a search sends
+  none of its own.
 
 A `Database` is safe from any event loop and any thread: each loop that
 uses it gets an engine (a connection pool) of its own (`memorm.engines`),
@@ -38,7 +40,7 @@ from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS
 from memorm.routing import SessionAgents
 from memorm.search.fts_ddl import FTS_INDEXES
 from memorm.search.text import merge_deleted
-from memorm.search.vector import VectorCache
+from memorm.search.vector import VectorCache, connection_setup
 from memorm.tenancy import DEFAULT_TENANT, check_tenant
 from memorm.tokens import TokenCounter, estimate_tokens
 from memorm.translate import MANAGED, READ_ONLY, translate, translating
@@ -101,7 +103,8 @@ class Database:
         # timeout still order writers across processes.
         self.writer_lock: CrossLoopLock | None = CrossLoopLock() if self._dialect == "sqlite" else None
         # SQLite's vector search reads agents' embeddings into numpy matrices once,
-        # then reuses them until the agent's archive_version moves.
+        # then reuses them until the agent's archive_version moves; both engines'
+        # searches find agents' embedding models here (`vector_cache.models`).
         self.vector_cache = VectorCache()
         # Sessions' agents, for routing session-scoped calls on a distributed database.
         self.session_agents = SessionAgents()
@@ -487,6 +490,11 @@ async def _open_postgres(*args: Any, **kwargs: Any) -> Any:
 
     connection = await asyncpg.connect(*args, **kwargs)
     try:
+        # The HNSW settings a search needs, once per connection (the caller's
+        # server_settings win); in one message with nothing to parse back.
+        setup = connection_setup(kwargs.get("server_settings") or {})
+        if setup is not None:
+            await connection.execute(setup)
         await _register_pgvector(connection)
         # Full-text search words travel as binary tsvectors (COPY needs a binary codec).
         await register_tsvector(connection)

@@ -45,9 +45,20 @@ from memorm.types.uuid import UUIDType
 if TYPE_CHECKING:
     from memorm.link import Link
 
-__all__ = ["COPY_THRESHOLD", "fetch", "in_transaction", "insert_rows", "interrupt"]
+__all__ = ["COPY_THRESHOLD", "WATCHERS", "fetch", "in_transaction", "insert_rows", "interrupt", "sent"]
 
 Processor = Callable[[Any], Any] | None
+Watcher = Callable[[Any, str, Sequence[Any]], None]  # (the link's pool, SQL, parameters)
+WATCHERS: list[Watcher] = []  # `memorm.testing.capture_statements`: what memorm sends on the driver
+
+
+def sent(link: Link, sql: str, values: Sequence[Any] = ()) -> None:
+    """Tell the watchers (if any: tests, benchmarks) about a statement sent on the driver."""
+    pool = link.engine.sync_engine.pool
+    for watcher in WATCHERS:
+        watcher(pool, sql, values)
+
+
 COPY_THRESHOLD = 64  # rows; below this a prepared INSERT beats COPY's set-up on Postgres
 _UNSET = object()
 
@@ -68,6 +79,14 @@ async def insert_rows(
         # A unit of work that sets its tenant runs under row-level security, and
         # Postgres refuses COPY FROM to a table with row-level security.
         copy = not link.sqlite and TENANT not in link.info
+        if WATCHERS:
+            sent(
+                link,
+                f"COPY {table.name}"
+                if copy and len(records) >= COPY_THRESHOLD
+                else _insert_sql(dialect, table, names),
+                records,
+            )
         if copy and len(records) >= COPY_THRESHOLD:
             await driver.copy_records_to_table(table.name, records=records, columns=names)
         elif len(records) == 1 and link.sqlite:
@@ -165,6 +184,10 @@ async def fetch(link: Link, statement: Any, params: dict[str, Any]) -> list[tupl
     sql, names, binds, defaults, results = _compiled(link.dialect, statement)
     given = (params[n] if n in params else defaults[n] for n in names)  # e.g. SQLite's implicit OFFSET 0
     values = [v if p is None or v is None else p(v) for p, v in zip(binds, given, strict=True)]
+    if WATCHERS:
+        if link.needs_begin and link.sqlite:  # it goes along (see _sqlite_fetch)
+            sent(link, "BEGIN IMMEDIATE")
+        sent(link, sql, values)
     if link.sqlite:
         rows = await _sqlite_fetch(link, sql, values)
     else:

@@ -38,7 +38,7 @@ from sqlalchemy.pool import PoolProxiedConnection, QueuePool
 from sqlalchemy.sql import Executable
 from sqlalchemy.util import greenlet_spawn
 
-from memorm.driver import in_transaction
+from memorm.driver import WATCHERS, in_transaction, sent
 from memorm.tenancy import begin_statements
 
 __all__ = ["LINK", "Link"]
@@ -132,14 +132,14 @@ class Link:
         driver = self.driver
         try:
             if self.sqlite:
-                await driver.execute_fetchall("BEGIN IMMEDIATE")
+                await self._send("BEGIN IMMEDIATE")
             elif self._tenant is not None:
                 for statement in begin_statements(
                     self._tenant, read_only=self.read_only, distributed=self._distributed
                 ):
-                    await driver.execute(statement)
+                    await self._send(statement)
             else:
-                await driver.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+                await self._send("BEGIN ISOLATION LEVEL READ COMMITTED")
         except BaseException:
             self.begun = in_transaction(driver)
             raise
@@ -151,7 +151,7 @@ class Link:
         elif self._connection is not None and self._connection.in_transaction():
             await self._connection.commit()
         if in_transaction(self.driver):
-            await (self.driver.commit() if self.sqlite else self.driver.execute("COMMIT"))
+            await self._send("COMMIT")
         self.begun = False
 
     async def rollback(self) -> None:
@@ -160,8 +160,17 @@ class Link:
         elif self._connection is not None and self._connection.in_transaction():
             await self._connection.rollback()
         if in_transaction(self.driver):
-            await (self.driver.rollback() if self.sqlite else self.driver.execute("ROLLBACK"))
+            await self._send("ROLLBACK")
         self.begun = False
+
+    async def _send(self, statement: str) -> None:
+        """A transaction statement, on the driver (one round trip, or one hop to aiosqlite's thread)."""
+        if WATCHERS:
+            sent(self, statement)
+        if self.sqlite:
+            await self.driver.execute_fetchall(statement)
+        else:
+            await self.driver.execute(statement)
 
     async def close(self, *, invalidate: bool = False) -> None:
         """Return the connection to the pool (closed for good, with `invalidate`).

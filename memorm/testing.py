@@ -28,6 +28,11 @@ Example:
             assert await uow.messages.count(chat.id) == 1
     ```
 
+`capture_statements(db)` (a context manager, not a fixture) lists the
+statements a `Database` sends inside the block, with their parameters: those
+memorm sends on the driver itself (appends, windows, searches) and those that
+go through SQLAlchemy alike.
+
 Loading the plugin adds an option and defines fixtures, nothing else: no
 connection is made and asyncpg is not imported until a test asks for
 `memorm_db`.  Disable it with `-p no:memorm`.
@@ -38,8 +43,8 @@ from __future__ import annotations
 import itertools
 import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -54,11 +59,56 @@ __all__ = [
     "MakeAgent",
     "MakeSession",
     "add_messages",
+    "capture_statements",
     "make_agent",
     "make_session",
     "memorm_db",
     "memorm_uow",
 ]
+
+
+@contextmanager
+def capture_statements(db: Database, containing: str = "") -> Iterator[list[tuple[str, Any]]]:
+    """The statements (SQL, parameters) `db` sends inside the block, in order.
+
+    Both kinds: those memorm sends on the driver connection itself (its hot
+    paths, `BEGIN`/`COMMIT`) and those that go through SQLAlchemy (your
+    `uow.session` queries, memorm's other calls).  With `containing`, only
+    statements whose SQL contains it.  For the running event loop's engine.
+
+    Example:
+        ```python
+        with capture_statements(db) as sent:
+            async with db.unit_of_work(read_only=True) as uow:
+                await uow.messages.window(chat.id)
+        assert len(sent) == 1  # one SELECT, no BEGIN or COMMIT
+        ```
+    """
+    from sqlalchemy import event
+
+    from memorm.driver import WATCHERS
+
+    engine = db.engine.sync_engine
+    sent: list[tuple[str, Any]] = []
+
+    def on_driver(pool: Any, statement: str, parameters: Sequence[Any]) -> None:
+        if pool is engine.pool and containing in statement:
+            sent.append((statement, parameters))
+
+    def on_sqlalchemy(
+        _conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, _many: bool
+    ) -> None:
+        if containing in statement:
+            sent.append((statement, parameters))
+
+    WATCHERS.append(on_driver)
+    event.listen(engine, "before_cursor_execute", on_sqlalchemy)
+    try:
+        yield sent
+    finally:
+        event.remove(engine, "before_cursor_execute", on_sqlalchemy)
+        WATCHERS.remove(on_driver)
+
 
 URL_ENV = "MEMORM_TEST_URL"
 """The environment variable naming a Postgres database for `memorm_db` (`--memorm-url` wins)."""

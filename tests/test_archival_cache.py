@@ -3,7 +3,9 @@
 SQLite searches an in-process numpy matrix per (agent, model), reloaded when
 the agent's ``archive_version`` moves.  Writes through another ``Database`` on
 the same file (another process, in production) must be seen by the next search.
-Postgres has no cache; the same tests pin that it behaves alike.
+Postgres has no matrix cache; the same tests pin that it behaves alike.  Both
+engines cache agents' embedding models on the ``Database``: a model another
+process replaced or dropped must never yield wrong rows.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from dataclasses import dataclass
 import anyio
 import numpy as np
 import pytest
+import sqlalchemy as sa
 from conftest import Store
 
 from memorm import Agent, Database, NotFoundError
+from memorm.models import EMBEDDING_MODELS
 
 pytestmark = pytest.mark.anyio
 
@@ -174,3 +178,47 @@ async def test_searching_a_big_archive_leaves_the_event_loop_running(db: Databas
     # The cold search is not held to this: decoding the reloaded matrix runs on the loop.
     assert warm.ticks >= 8, warm
     assert warm.stalled < 0.5 * warm.duration, warm
+
+
+# -- the embedding model cached on the Database ------------------------------------------------------
+
+
+async def _replace_model(other: Database, agent: Agent, dim: int, precision: str) -> list[uuid.UUID]:
+    """Another process drops the agent's model "default" and its passages, and registers a new one."""
+    async with other.unit_of_work() as uow:
+        await uow.passages.delete_where(agent.id, {"i": {"$in": list(range(5))}})
+        await uow.session.execute(sa.delete(EMBEDDING_MODELS).where(EMBEDDING_MODELS.c.agent_id == agent.id))
+        await uow.passages.define_model(agent.id, "default", dim, precision=precision)
+        items = [{"text": f"new {i}", "embedding": [1.0, float(i), *[0.0] * (dim - 2)]} for i in range(3)]
+        added = await uow.passages.add_many(agent.id, items)
+    return [p.id for p in added]
+
+
+@pytest.mark.parametrize(("dim", "precision"), [(3, "float16"), (4, "float32")])
+async def test_a_search_after_the_model_was_replaced_elsewhere_finds_the_new_passages(
+    db: Database, other: Database, dim: int, precision: str
+) -> None:
+    agent, _ = await _agent_with_passages(db)
+    await _nearest(db, agent)  # caches the model (3-d float32) on db
+    assert db.vector_cache.models.get("default", agent.id, "default") is not None
+    new = await _replace_model(other, agent, dim, precision)
+    query = [1.0, 0.0, *[0.0] * (dim - 2)]
+    async with db.unit_of_work(read_only=True) as uow:
+        hits = await uow.passages.search(agent.id, query, k=10, metric="l2")
+    assert [hit.passage.id for hit in hits] == new
+    assert [hit.passage.text for hit in hits] == ["new 0", "new 1", "new 2"]
+    assert [round(hit.distance or 0.0, 3) for hit in hits] == [0.0, 1.0, 2.0]
+    cached = db.vector_cache.models.get("default", agent.id, "default")
+    assert cached is not None
+    assert (cached.dim, cached.precision) == (dim, precision)
+
+
+async def test_a_cached_model_is_the_tenants_own(db: Database) -> None:
+    agent, _ = await _agent_with_passages(db)
+    await _nearest(db, agent)
+    async with db.unit_of_work(tenant="acme", read_only=True) as uow:
+        with pytest.raises(NotFoundError):
+            await uow.passages.search(agent.id, QUERY, k=3)
+    assert db.vector_cache.models.get("acme", agent.id, "default") is None
+    await db.delete_tenant("default")
+    assert db.vector_cache.models.get("default", agent.id, "default") is None

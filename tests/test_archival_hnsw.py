@@ -8,8 +8,8 @@ so these tests carry the ``postgres`` mark and count in CI.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,7 @@ from archival_reference import reference
 from sqlalchemy import event
 
 from memorm import Agent, Database, UnitOfWork, ValidationError
+from memorm.testing import capture_statements
 
 pytestmark = [
     pytest.mark.anyio,
@@ -61,19 +62,9 @@ async def _analyze(db: Database) -> None:
         await uow.session.execute(sa.text("ANALYZE archival_passages"))
 
 
-@contextmanager
-def _capture(db: Database) -> Iterator[list[tuple[str, Any]]]:
+def _capture(db: Database) -> Any:
     """The statements (and their parameters) sent to the driver inside the block."""
-    sent: list[tuple[str, Any]] = []
-
-    def record(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
-        sent.append((statement, parameters))
-
-    event.listen(db.engine.sync_engine, "before_cursor_execute", record)
-    try:
-        yield sent
-    finally:
-        event.remove(db.engine.sync_engine, "before_cursor_execute", record)
+    return capture_statements(db)
 
 
 async def _search_plan(uow: UnitOfWork, agent: Agent, query: np.ndarray, **options: Any) -> str:
@@ -261,4 +252,111 @@ async def test_a_model_name_reaches_the_index_predicate_as_one_literal(db: Datab
         matched = await uow.session.scalar(
             sa.text(f"SELECT count(*) FROM archival_passages WHERE {predicate}")
         )
+        # The search writes the name into its SQL as a literal too (to match the index).
+        hits = await uow.passages.search(agent.id, _unit_vectors(7, 1)[0], k=60, embedding_model=model)
     assert matched == 50
+    assert len(hits) == 50
+    assert {hit.passage.embedding_model for hit in hits} == {model}
+
+
+async def _small_archive(db: Database) -> Agent:
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create("sam")
+        items = [
+            {"text": f"t{i}", "embedding": v, "embedding_model": "m"}
+            for i, v in enumerate(_unit_vectors(8, 40))
+        ]
+        await uow.passages.add_many(agent.id, items)
+    return agent
+
+
+@asynccontextmanager
+async def _round_trips(uow: UnitOfWork) -> AsyncIterator[list[str]]:
+    """Every statement the unit of work's connection sends inside the block.
+
+    SQLAlchemy's (prepared: its cursor events see them) and those sent on the
+    driver directly (BEGIN, SET LOCAL: asyncpg's query logger sees them).
+    """
+    sent: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        sent.append(statement)
+
+    def logged(query: Any) -> None:
+        sent.append(query.query)
+
+    driver = (await (await uow.session.connection()).get_raw_connection()).driver_connection
+    event.listen(uow.db.engine.sync_engine, "before_cursor_execute", record)
+    driver.add_query_logger(logged)
+    try:
+        yield sent
+    finally:
+        driver.remove_query_logger(logged)
+        event.remove(uow.db.engine.sync_engine, "before_cursor_execute", record)
+
+
+@pytest.mark.parametrize("read_only", [True, False], ids=["read-only", "writing"])
+async def test_a_search_sends_one_statement_with_the_passages_and_their_distances(
+    db: Database, read_only: bool
+) -> None:
+    agent = await _small_archive(db)
+    query = _unit_vectors(9, 1)[0]
+    async with db.unit_of_work(read_only=True) as uow:  # looks the model up, and caches it on db
+        expected = await uow.passages.search(agent.id, query, k=5, embedding_model="m")
+    async with db.unit_of_work(read_only=read_only) as uow, _round_trips(uow) as sent:
+        hits = await uow.passages.search(agent.id, query, k=5, embedding_model="m")
+    # A writing unit of work begins its transaction with its first statement, whatever it is.
+    own = [statement for statement in sent if not statement.startswith("BEGIN")]
+    # On Citus the settings must reach the workers: SET LOCAL in a transaction, one message
+    # more; two when it opens a writing unit of work's transaction (SQLAlchemy begins that
+    # with its first statement, a prepared one, so the settings cannot ride along).
+    assert len(own) == ((2 if read_only else 3) if db.distributed else 1), sent
+    assert len(sent) == (3 if db.distributed else 1) if read_only else len(own) + 1, sent
+    assert len([statement for statement in own if "ORDER BY distance" in statement]) == 1
+    assert [(hit.passage.id, hit.passage.text, hit.distance) for hit in hits] == [
+        (hit.passage.id, hit.passage.text, hit.distance) for hit in expected
+    ]
+    assert len(hits) == 5
+    assert all(len(hit.passage.embedding) == DIM for hit in hits)
+
+
+async def _setting(uow: UnitOfWork, name: str) -> str:
+    return str(await uow.session.scalar(sa.text(f"SHOW {name}")))
+
+
+@pytest.mark.single_node  # on Citus the settings are sent with every search (tests/test_citus.py)
+async def test_an_ef_search_given_to_one_search_never_reaches_another(store: Any) -> None:
+    db = store.database(pool_size=1, max_overflow=0)  # every unit of work on the one connection
+    try:
+        await db.create_all()
+        agent = await _small_archive(db)
+        query = _unit_vectors(9, 1)[0]
+        async with db.unit_of_work(read_only=True) as uow:
+            assert await _setting(uow, "hnsw.ef_search") == "40"  # set up with the connection
+            assert await _setting(uow, "hnsw.iterative_scan") == "strict_order"
+        for read_only, commit in ((True, True), (False, True), (False, False)):
+            async with db.unit_of_work(read_only=read_only) as uow:
+                await uow.passages.search(agent.id, query, k=3, embedding_model="m", ef_search=123)
+                assert await _setting(uow, "hnsw.ef_search") == "123"
+                await uow.passages.search(agent.id, query, k=3, embedding_model="m")  # the default again
+                assert await _setting(uow, "hnsw.ef_search") == "40"
+                await uow.passages.search(agent.id, query, k=3, embedding_model="m", ef_search=77)
+                if not commit:
+                    await uow.rollback()
+            async with db.unit_of_work(read_only=True) as uow:
+                assert await _setting(uow, "hnsw.ef_search") == "40", (read_only, commit)
+    finally:
+        await db.dispose()
+
+
+@pytest.mark.single_node
+async def test_the_callers_server_settings_win_over_the_connections_hnsw_defaults(store: Any) -> None:
+    settings = {**store.options["connect_args"]["server_settings"], "hnsw.ef_search": "64"}
+    db = store.database(connect_args={"server_settings": settings})
+    try:
+        await db.create_all()
+        async with db.unit_of_work(read_only=True) as uow:
+            assert await _setting(uow, "hnsw.ef_search") == "64"
+            assert await _setting(uow, "hnsw.iterative_scan") == "strict_order"
+    finally:
+        await db.dispose()

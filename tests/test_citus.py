@@ -23,6 +23,7 @@ import sqlalchemy as sa
 
 from memorm import Database, DatabaseError, ValidationError
 from memorm.distribute import DISTRIBUTION, is_distributed
+from memorm.testing import capture_statements
 from tests import citus_kit
 from tests.conftest import throwaway_postgres
 
@@ -463,14 +464,7 @@ async def test_hnsw_on_the_shards_takes_the_search_settings_and_finds_k_for_a_sm
         built = await uow.session.scalar(_WORKER_SETTING, {"name": "maintenance_work_mem", "agent": small})
         assert built == "512MB"
     query = [1.0] + [0.0] * (dim - 1)
-    sent: list[tuple[str, tuple[object, ...]]] = []
-
-    def capture(conn: object, cursor: object, statement: str, parameters: object, *_: object) -> None:
-        if "ORDER BY distance" in statement:
-            sent.append((statement, tuple(parameters)))  # type: ignore[arg-type]
-
-    sa.event.listen(cluster.engine.sync_engine, "before_cursor_execute", capture)
-    try:
+    with capture_statements(cluster, "ORDER BY distance") as sent:
         for read_only, after_commit in ((True, False), (False, False), (False, True)):
             async with cluster.unit_of_work(read_only=read_only) as uow:
                 driver = (await (await uow.session.connection()).get_raw_connection()).driver_connection
@@ -501,8 +495,6 @@ async def test_hnsw_on_the_shards_takes_the_search_settings_and_finds_k_for_a_sm
                 # past the crowd, to the small agent's five.
                 assert f"Index Scan using {name}_" in plan, plan
                 assert "(actual rows=5 loops=1)" in plan.split(f"Index Scan using {name}_")[1], plan
-    finally:
-        sa.event.remove(cluster.engine.sync_engine, "before_cursor_execute", capture)
     async with cluster.unit_of_work(read_only=True) as uow:  # every transaction above was ended
         left = await uow.session.scalar(
             sa.text(

@@ -100,6 +100,7 @@ class PassageQueries(Repository):
         return found
 
     async def _lookup(self, agent_id: uuid.UUID, name: str) -> EmbeddingModel | None:
+        """The agent's model, as this unit of work knows it or as the database has it now."""
         cached = self._models.get((agent_id, name))
         if cached is not None:
             return cached
@@ -114,7 +115,9 @@ class PassageQueries(Repository):
         ).first()
         if row is None:
             return None
-        model = hydrate(EmbeddingModel, dict(row._mapping))
+        values = dict(row._mapping)
+        self.cache.models.put(values)  # for later searches (which check it is still current)
+        model = hydrate(EmbeddingModel, values)
         self._models[(agent_id, name)] = model
         return model
 
@@ -193,8 +196,9 @@ class PassageQueries(Repository):
                 the limit, so a filtered search still returns `k` hits when
                 `k` exist.
             offset: how many of the nearest passages to skip.
-            ef_search: on Postgres, the HNSW index's candidates per query
-                (pgvector's default is 40).
+            ef_search: on Postgres, the HNSW index's candidates per query;
+                None is the connection's (40, unless its `server_settings`
+                say otherwise).  Another value costs one statement more.
         """
         key = as_uuid(agent_id, "agent_id")
         vector = check_vector(embedding)
@@ -205,10 +209,48 @@ class PassageQueries(Repository):
         if chosen == "cosine" and not any(vector):
             raise ValidationError("embedding: a zero vector has no direction for cosine distance")
         conditions = await self._filters(where)
-        model = await self._lookup(key, _check_model_name(embedding_model))
+        name = _check_model_name(embedding_model)
+        # A model cached on the Database may be stale (dropped or replaced by another
+        # process): the search statement checks it, and a search that finds nothing
+        # (or a dimension that does not fit) looks the model up again.
+        model = self._models.get((key, name)) or self.cache.models.get(self._owner, key, name)
+        known = model is not None and (key, name) in self._models
+        if model is None or model.dim != len(vector):
+            model, known = await self._lookup(key, name), True
         if model is None:
             await self._require_agent(key)
             return []
+        hits = await self._nearest(key, model, vector, chosen, conditions, k, offset, ef_search)
+        if not hits and not known:
+            self.cache.models.drop(self._owner, key, name)
+            fresh = await self._lookup(key, name)
+            if fresh is None:
+                await self._require_agent(key)
+                return []
+            if (fresh.id, fresh.dim, fresh.precision) != (model.id, model.dim, model.precision):
+                hits = await self._nearest(key, fresh, vector, chosen, conditions, k, offset, ef_search)
+        elif not hits:
+            await self._require_agent(key)
+        # A stored zero vector has no direction: its cosine distance is NaN on both
+        # engines (sorted last), and it is no match.
+        return [
+            ScoredPassage(passage, distance, score_of(chosen, distance))
+            for passage, distance in hits
+            if not math.isnan(distance)
+        ]
+
+    async def _nearest(
+        self,
+        key: uuid.UUID,
+        model: EmbeddingModel,
+        vector: builtins.list[float],
+        metric: str,
+        conditions: builtins.list[ColumnElement[bool]],
+        k: int,
+        offset: int,
+        ef_search: int | None,
+    ) -> builtins.list[tuple[ArchivalPassage, float]]:
+        """`nearest` with `model`, after checking the query fits it."""
         if model.dim != len(vector):
             raise ValidationError(
                 f"embedding: model {model.name!r} stores {model.dim}-d vectors, got {len(vector)}"
@@ -219,29 +261,19 @@ class PassageQueries(Repository):
             _check_half([vector])
             vector = unpack_float16(pack_float16(vector))
         async with self._guard():
-            hits = await nearest(
-                self.session,
+            return await nearest(
+                self.link,
                 self.cache,
                 self._owner,
                 key,
                 model,
                 vector,
-                metric=chosen,
+                metric=metric,
                 where=conditions,
                 k=k,
                 offset=offset,
                 ef_search=ef_search,
             )
-        if not hits:
-            await self._require_agent(key)
-        passages = await self._load([passage_id for passage_id, _ in hits], key)
-        # A stored zero vector has no direction: its cosine distance is NaN on both
-        # engines (sorted last), and it is no match.
-        return [
-            ScoredPassage(passages[passage_id], distance, score_of(chosen, distance))
-            for passage_id, distance in hits
-            if passage_id in passages and not math.isnan(distance)
-        ]
 
     async def search_text(
         self, agent_id: uuid.UUID | str, query: str, *, limit: int = 10, offset: int = 0

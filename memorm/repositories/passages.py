@@ -355,5 +355,5 @@ class PassageRepository(PassageQueries):
         shape = EmbeddingModel(name=_check_model_name(embedding_model), dim=dim, precision=precision)
         async with self._guard():
             return await ensure_index(
-                self.session, shape, check_metric(metric), m=m, ef_construction=ef_construction
+                self.link, shape, check_metric(metric), m=m, ef_construction=ef_construction
             )

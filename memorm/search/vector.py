@@ -10,11 +10,14 @@ the metric's own values, as pgvector defines them:
 | `l2`            | Euclidean distance      | 1 / (1 + distance)    |
 | `inner_product` | minus the inner product | the inner product     |
 
-* Postgres: `ORDER BY embedding::vector(d) <op> q LIMIT k` with every filter
-  in the WHERE clause.  `ensure_index` builds a partial HNSW index per
+* Postgres: one statement, `ORDER BY embedding::vector(d) <op> q LIMIT k`
+  with every filter in the WHERE clause, returning the passages' columns
+  with their distances.  `ensure_index` builds a partial HNSW index per
   (model, dimension, metric); the query repeats the index's cast and model
   predicate (as a literal, so generic plans match it too), and pgvector's
   iterative scan keeps a filtered search returning `k` rows when `k` exist.
+  `hnsw.ef_search` and `hnsw.iterative_scan` are set once per connection
+  (`CONNECTION_SETTINGS`, by `memorm.db`); see `_search_settings`.
 * SQLite: exact search with numpy in a worker thread, over an in-process
   matrix per (agent, model) that is reloaded whenever the agent's
   `archive_version` (bumped by every passage write, from any connection or
@@ -27,7 +30,7 @@ import hashlib
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,15 +38,15 @@ import anyio
 import anyio.to_thread
 import sqlalchemy as sa
 from pgvector.sqlalchemy import HALFVEC, VECTOR
-from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.schema import CreateIndex
 from sqlalchemy.sql import ColumnElement
 
 from memorm.concurrency import CrossLoopLock
-from memorm.driver import in_transaction
+from memorm.driver import fetch, in_transaction
 from memorm.errors import NotFoundError, ValidationError
-from memorm.models import AGENTS, PASSAGES, ArchivalPassage, EmbeddingModel
+from memorm.models import AGENTS, EMBEDDING_MODELS, PASSAGES, ArchivalPassage, EmbeddingModel, fields, hydrate
 from memorm.routing import DISTRIBUTED
+from memorm.search.model_cache import ModelCache
 from memorm.translate import READ_ONLY
 from memorm.types import VectorType
 
@@ -51,12 +54,17 @@ if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
+    from memorm.link import Link
+
 __all__ = [
     "ARCHIVE_WRITES",
+    "CONNECTION_SETTINGS",
     "METRICS",
     "ScoredPassage",
     "VectorCache",
     "check_build_options",
+    "connection_setup",
+    "current_model",
     "ensure_index",
     "index_name",
     "nearest",
@@ -67,6 +75,13 @@ METRICS = ("cosine", "l2", "inner_product")
 _OPERATORS = {"cosine": "<=>", "l2": "<->", "inner_product": "<#>"}
 _OPS_CLASS = {"cosine": "cosine_ops", "l2": "l2_ops", "inner_product": "ip_ops"}
 DEFAULT_EF_SEARCH = 40  # pgvector's own default
+# Every Postgres connection memorm opens starts with these (unless its
+# connect_args' server_settings name them): a search with the defaults
+# sends no settings of its own.  With filters (the agent, at least) an
+# index scan must go on until `k` rows pass: that is the iterative scan.
+CONNECTION_SETTINGS = {"hnsw.ef_search": str(DEFAULT_EF_SEARCH), "hnsw.iterative_scan": "strict_order"}
+# link.info: a SET LOCAL hnsw.ef_search may be in force in this transaction
+_EF_CHANGED = "memorm_ef_search_changed"
 # pgvector's HNSW build options and their bounds (hnsw.h; the server refuses others).
 _M = (2, 100)
 _EF_CONSTRUCTION = (4, 1000)
@@ -142,20 +157,23 @@ def index_name(model: str, dim: int, metric: str, precision: str = "float32") ->
     return f"ix_archival_passages_hnsw_{digest}_{dim}{half}_{metric}"
 
 
-def _model_predicate(model: EmbeddingModel) -> ColumnElement[bool]:
-    """The partial indexes' predicate: this model name at this dimension.
+def _model_predicate(name: str, dim: int) -> ColumnElement[bool]:
+    """The partial indexes' predicate: this model name at this dimension, as literals in the SQL.
 
-    Bound with `literal_execute`: rendered into the SQL, so the planner can
-    match the partial index even from a generic (cached) plan.
+    Literals, not parameters, so the planner can match the partial index
+    even from a generic (cached) plan.  The name goes as an escape string
+    (`E'…'`, backslashes and quotes escaped), read alike whatever
+    `standard_conforming_strings` says; a name has no NUL (`check_text`).
     """
+    quoted = "E'" + name.replace("\\", "\\\\").replace("'", "\\'") + "'"
     return sa.and_(
-        PASSAGES.c.embedding_model == sa.bindparam(None, model.name, literal_execute=True),
-        PASSAGES.c.embedding_dim == sa.bindparam(None, model.dim, literal_execute=True),
+        PASSAGES.c.embedding_model == sa.literal_column(quoted, sa.Text),
+        PASSAGES.c.embedding_dim == sa.literal_column(str(int(dim)), sa.Integer),
     )
 
 
 async def ensure_index(
-    session: AsyncSession, model: EmbeddingModel, metric: str, *, m: int, ef_construction: int
+    link: Link, model: EmbeddingModel, metric: str, *, m: int, ef_construction: int
 ) -> str:
     """Create the HNSW index for `model` and `metric` if it does not exist (Postgres only).
 
@@ -164,9 +182,10 @@ async def ensure_index(
     """
     links, candidates = check_build_options(m, ef_construction)
     check_metric(metric)
-    connection = await session.connection()
-    if connection.dialect.name != "postgresql":
+    if link.sqlite:
         return ""  # SQLite searches exactly; there is nothing to build
+    await link.ready()
+    connection = link.connection
     name = index_name(model.name, model.dim, metric, model.precision)
     ops = ("halfvec_" if model.precision == "float16" else "vector_") + _OPS_CLASS[metric]
     index = sa.Index(
@@ -182,7 +201,7 @@ async def ensure_index(
     )
     # HNSW builds are memory-hungry: with the default 64 MB, 100k x 384 took 2-4x longer.
     # On Citus the shards' indexes are built on the workers: the setting goes there too.
-    if session.info.get(DISTRIBUTED, False):
+    if link.info.get(DISTRIBUTED, False):
         await connection.exec_driver_sql(_PROPAGATE)
     await connection.exec_driver_sql("SET LOCAL maintenance_work_mem = '512MB'")
     # IF NOT EXISTS in the DDL itself: an inspector probe can look in another schema.
@@ -190,51 +209,178 @@ async def ensure_index(
     return name
 
 
-async def _search_settings(session: AsyncSession, ef_search: int) -> None:
-    """Set `hnsw.ef_search` and `hnsw.iterative_scan` for the search that follows.
+def connection_setup(server_settings: Mapping[str, Any]) -> str | None:
+    """The `SET`s a new Postgres connection runs: `CONNECTION_SETTINGS` that `server_settings` leaves out.
 
-    With filters (the agent, at least) an index scan must go on until `k`
-    rows pass: that is the iterative scan.
-
-    * One server: session-level `set_config` (a read-only unit of work has no
-      transaction for `SET LOCAL`), set by every search, so one search's
-      values never leak into another.  One round trip.
-    * Citus: the shard query runs on a worker, which `set_config` on the
-      coordinator never reaches; Citus passes on `SET LOCAL` (with
-      `citus.propagate_set_commands = 'local'`) to the worker connections of
-      the transaction, as for the tenant (`memorm.tenancy`).  One round trip
-      inside a transaction.  A read-only unit of work has none yet: the
-      search begins one (`READ ONLY`), which lasts until the unit of work
-      ends, like a tenant's.  Its `BEGIN` goes on its own: Citus replays a
-      propagated `SET LOCAL`'s whole query string on the workers, and a
-      `BEGIN` in it would warn on every worker transaction.
+    Sent once per connection, as one simple-protocol message (`memorm.db`).
+    Placeholders until pgvector's library loads in that session, which then
+    adopts the values.
     """
-    if not session.info.get(DISTRIBUTED, False):
-        await session.execute(
-            sa.select(
-                sa.func.set_config("hnsw.ef_search", str(ef_search), False),
-                sa.func.set_config("hnsw.iterative_scan", "strict_order", False),
-            )
-        )
-        return
-    connection = await session.connection()
-    raw = await connection.get_raw_connection()
-    driver: Any = raw.driver_connection
-    if not in_transaction(driver):
-        if getattr(raw.dbapi_connection, "autocommit", False):  # the unit of work begins its own
-            mode = " READ ONLY" if session.info.get(READ_ONLY, False) else ""
-            await driver.execute(f"BEGIN ISOLATION LEVEL READ COMMITTED{mode}")
-        else:  # SQLAlchemy begins its transaction with its first statement
-            await connection.exec_driver_sql(_PROPAGATE)
-    # Several statements in one message (the simple protocol): one round trip.
-    await driver.execute(
-        f"{_PROPAGATE}; SET LOCAL hnsw.ef_search = {int(ef_search)}; "
-        "SET LOCAL hnsw.iterative_scan = strict_order"
+    missing = [(name, value) for name, value in CONNECTION_SETTINGS.items() if name not in server_settings]
+    return "; ".join(f"SET {name} = {value}" for name, value in missing) or None
+
+
+def current_model(tenant: Any, agent_id: Any, model: EmbeddingModel | None = None) -> ColumnElement[bool]:
+    """True while this very model row is the agent's: same id, name, dimension and precision.
+
+    A search statement carries it, so a model cached on the `Database`
+    (`memorm.search.model_cache`) that another process dropped or replaced
+    matches no rows rather than the wrong ones.  An index lookup by primary
+    key; Postgres evaluates it once per statement (it refers to no outer row).
+    Without `model`, its values are the parameters `model_id`, `model_name`,
+    `model_dim` and `model_precision` (a statement built once, `_nearest_statement`).
+    """
+    shape: tuple[Any, ...] = (
+        (model.id, model.name, model.dim, model.precision)
+        if model is not None
+        else tuple(sa.bindparam(f"model_{field}") for field in ("id", "name", "dim", "precision"))
+    )
+    return sa.exists().where(
+        EMBEDDING_MODELS.c.tenant == tenant,
+        EMBEDDING_MODELS.c.id == shape[0],
+        EMBEDDING_MODELS.c.agent_id == agent_id,
+        EMBEDDING_MODELS.c.name == shape[1],
+        EMBEDDING_MODELS.c.dim == shape[2],
+        EMBEDDING_MODELS.c.precision == shape[3],
     )
 
 
+async def _search_settings(link: Link, ef_search: int | None) -> None:
+    """Set `hnsw.ef_search` (and on Citus `hnsw.iterative_scan`) for the search that follows.
+
+    * One server: every connection starts with `CONNECTION_SETTINGS`, so a
+      search at the default sends nothing.  Another `ef_search` goes as
+      `SET LOCAL`, undone when the transaction ends (commit or rollback), so
+      it never reaches another unit of work on that pooled connection; a
+      read-only unit of work has no transaction yet, and the search begins
+      one (`READ ONLY`, in the same message), which lasts until the unit of
+      work ends.  A later search at the default in that transaction sets it
+      back (`TO DEFAULT`: the connection's value).
+    * Citus: the shard query runs on a worker, which the coordinator's
+      connection settings never reach; Citus passes on `SET LOCAL` (with
+      `citus.propagate_set_commands = 'local'`) to the worker connections of
+      the transaction, as for the tenant (`memorm.tenancy`).  So every search
+      sends both settings: one statement more than on one server, inside a
+      transaction (begun as above).  Its `BEGIN` goes on its own: Citus
+      replays a propagated `SET LOCAL`'s whole query string on the workers,
+      and a `BEGIN` in it would warn on every worker transaction.
+    """
+    distributed = link.info.get(DISTRIBUTED, False)
+    if not distributed and ef_search is None and not link.info.get(_EF_CHANGED, False):
+        return  # the connection's own settings
+    await link.ready()  # a writer's (or a tenant's) transaction is the unit of work's to begin
+    driver: Any = link.driver
+    if distributed:
+        statements = [
+            _PROPAGATE,
+            f"SET LOCAL hnsw.ef_search = {int(ef_search or DEFAULT_EF_SEARCH)}",
+            "SET LOCAL hnsw.iterative_scan = strict_order",
+        ]
+    elif ef_search is None:  # an earlier search of this transaction set another value
+        link.info.pop(_EF_CHANGED, None)
+        if in_transaction(driver):  # else it ended, and its SET LOCAL with it
+            await driver.execute("SET LOCAL hnsw.ef_search TO DEFAULT")
+        return
+    else:
+        statements = [f"SET LOCAL hnsw.ef_search = {int(ef_search)}"]
+        link.info[_EF_CHANGED] = True
+    if not in_transaction(driver):  # a read-only unit of work: the search begins one
+        mode = " READ ONLY" if link.info.get(READ_ONLY, False) else ""
+        begin = f"BEGIN ISOLATION LEVEL READ COMMITTED{mode}"
+        if distributed:
+            await driver.execute(begin)
+        else:
+            statements.insert(0, begin)
+    if statements:
+        # Several statements in one message (the simple protocol): one round trip.
+        await driver.execute("; ".join(statements))
+
+
+_FIELDS = fields(PASSAGES)  # the passage's columns, not the derived search words
+_WIDTH = len(_FIELDS)
+_NAMES = tuple(column.name for column in _FIELDS)
+
+
+def _passage(row: Sequence[Any]) -> ArchivalPassage:
+    """The passage in a row that starts with the passage's columns."""
+    return hydrate(ArchivalPassage, dict(zip(_NAMES, row[:_WIDTH], strict=True)))
+
+
+def _hits(rows: Iterable[Sequence[Any]]) -> list[tuple[ArchivalPassage, float]]:
+    """Passages and distances from rows of the passage's columns followed by the distance."""
+    return [(_passage(row), float(row[_WIDTH])) for row in rows]
+
+
+@dataclass(frozen=True)
+class _Nearest:
+    """A search's statements: `page` (the nearest few by the index, the page of them by
+    (distance, id)) and `exact` (the page by (distance, id) without the index)."""
+
+    page: sa.Select[Any]
+    exact: sa.Select[Any]
+
+
+# (metric, model name, dim, precision): the statements of a search without filters, built once
+_STATEMENTS: dict[tuple[str, str, int, str], _Nearest] = {}
+_STATEMENTS_MAX = 1024  # beyond, searches build their own: any number of model names stays bounded
+
+
+def _nearest_statement(
+    metric: str, name: str, dim: int, precision: str, where: Sequence[ColumnElement[bool]]
+) -> _Nearest:
+    """The search's statements for this model shape and metric; without filters, built once.
+
+    The model name and dimension are literals (`_model_predicate`); every
+    other value is a parameter: `query`, `tenant`, `agent`, the model's
+    (`current_model`), `near` (how many the inner query takes), `limit` and
+    `offset`.  A statement built once is compiled once, and its cache key
+    computed once.
+    """
+    key = (metric, name, dim, precision)
+    if not where and key in _STATEMENTS:
+        return _STATEMENTS[key]
+    shape = EmbeddingModel(name=name, dim=dim, precision=precision)
+    column = _pg_column(shape)
+    target = sa.cast(sa.bindparam("query", type_=VectorType(half=precision == "float16")), column.type)
+    distance = column.op(_OPERATORS[metric], return_type=sa.Float)(target).label("distance")
+    scoped = sa.select(*_FIELDS, distance).where(
+        _model_predicate(name, dim),
+        PASSAGES.c.tenant == sa.bindparam("tenant"),
+        PASSAGES.c.agent_id == sa.bindparam("agent"),
+        current_model(sa.bindparam("tenant"), sa.bindparam("agent")),
+        *where,
+    )
+    # The index yields rows in distance order only for ORDER BY distance alone:
+    # the inner query takes the nearest few that way; the outer one breaks
+    # ties by id and cuts the page, and says how many the inner one found and
+    # the farthest distance among them, to tell whether equal distances ran
+    # past the margin.  One statement, the passages' columns included.
+    near = scoped.order_by(distance).limit(sa.bindparam("near", type_=sa.Integer)).subquery("near")
+    page = (
+        sa.select(
+            *near.c,
+            sa.func.count().over().label("found"),
+            sa.func.max(near.c.distance).over().label("edge"),
+        )
+        .order_by(near.c.distance, near.c.id)
+        .limit(sa.bindparam("limit", type_=sa.Integer))
+        .offset(sa.bindparam("offset", type_=sa.Integer))
+    )
+    exact = (
+        scoped.order_by(distance, PASSAGES.c.id)
+        .limit(sa.bindparam("limit", type_=sa.Integer))
+        .offset(sa.bindparam("offset", type_=sa.Integer))
+    )
+    statements = _Nearest(page, exact)
+    if not where and len(_STATEMENTS) < _STATEMENTS_MAX:
+        _STATEMENTS[key] = statements
+    return statements
+
+
 async def _pg_nearest(
-    session: AsyncSession,
+    link: Link,
+    tenant: str,
+    agent_id: uuid.UUID,
     model: EmbeddingModel,
     query: list[float],
     *,
@@ -243,23 +389,32 @@ async def _pg_nearest(
     k: int,
     offset: int,
     ef_search: int | None,
-) -> list[tuple[uuid.UUID, float]]:
-    vector_type = VectorType(half=model.precision == "float16")
-    target = sa.cast(sa.bindparam("query", query, type_=vector_type), _pg_column(model).type)
-    distance = _pg_column(model).op(_OPERATORS[metric], return_type=sa.Float)(target).label("distance")
-    await _search_settings(session, ef_search or DEFAULT_EF_SEARCH)
-    # The index yields rows in distance order only for ORDER BY distance alone:
-    # take the nearest few that way, then break ties by id here.
+) -> list[tuple[ArchivalPassage, float]]:
+    statements = _nearest_statement(metric, model.name, model.dim, model.precision, where)
     want = k + offset
-    scoped = sa.select(PASSAGES.c.id, distance).where(_model_predicate(model), *where)
-    found = [tuple(row) for row in await session.execute(scoped.order_by(distance).limit(want + _TIE_MARGIN))]
-    if len(found) == want + _TIE_MARGIN and found[want - 1][1] == found[-1][1]:
+    values = {
+        "query": query,
+        "tenant": tenant,
+        "agent": agent_id,
+        "model_id": model.id,
+        "model_name": model.name,
+        "model_dim": model.dim,
+        "model_precision": model.precision,
+        "near": want + _TIE_MARGIN,
+        "limit": k,
+        "offset": offset,
+    }
+    await _search_settings(link, ef_search)
+    if where:  # a statement of its own
+        rows = [tuple(row) for row in await link.execute(statements.page, values)]
+    else:
+        rows = await fetch(link, statements.page, values)
+    if rows and rows[0][_WIDTH + 1] == want + _TIE_MARGIN and rows[-1][_WIDTH] == rows[0][_WIDTH + 2]:
         # More equal distances than the margin holds at the page's edge (duplicate
         # texts, say): order them exactly, by (distance, id), without the index.
-        exact = await session.execute(scoped.order_by(distance, PASSAGES.c.id).limit(k).offset(offset))
-        return [(row[0], float(row[1])) for row in (tuple(r) for r in exact)]
-    found.sort(key=lambda row: (row[1], row[0]))
-    return [(row[0], float(row[1])) for row in found[offset:want]]
+        exact = await link.execute(statements.exact, values)
+        return _hits(tuple(row) for row in exact)
+    return _hits(rows)
 
 
 # -- SQLite ------------------------------------------------------------------------------------
@@ -275,22 +430,28 @@ class _Matrix:
 
 
 class VectorCache:
-    """In-process matrices of agents' embeddings (SQLite), least recently used first out."""
+    """In-process matrices of agents' embeddings (SQLite), least recently used first out.
+
+    Beside them, `models`: agents' embedding models (both engines), so a
+    search need not look its model up (`memorm.search.model_cache`).
+    """
 
     def __init__(self, max_entries: int = 64) -> None:
         self.max_entries = max_entries
-        self._entries: OrderedDict[tuple[str, uuid.UUID, str], _Matrix] = (
+        self.models = ModelCache()
+        self._entries: OrderedDict[tuple[str, uuid.UUID, uuid.UUID], _Matrix] = (
             OrderedDict()
-        )  # tenant, agent, model
+        )  # tenant, agent, model id
         # Units of work of any event loop and thread share the cache: the dict
         # sits behind a thread lock, and loads queue on a lock that works across loops.
         self._mutex = threading.Lock()
         self._loading = CrossLoopLock()
 
     def clear(self) -> None:
-        """Forget every matrix."""
+        """Forget every matrix and model."""
         with self._mutex:
             self._entries.clear()
+        self.models.clear()
 
     def evict(self, agents: Iterable[tuple[str, uuid.UUID]]) -> None:
         """Drop these `(tenant, agent id)`s' matrices (their archives changed, or they are gone)."""
@@ -300,29 +461,40 @@ class VectorCache:
                 del self._entries[key]
 
     def evict_tenant(self, tenant: str) -> None:
-        """Drop every matrix of the tenant's agents."""
+        """Drop every matrix and model of the tenant's agents."""
         with self._mutex:
             for key in [key for key in self._entries if key[0] == tenant]:
                 del self._entries[key]
+        self.models.evict_tenant(tenant)
 
     async def matrix(
-        self, session: AsyncSession, tenant: str, agent_id: uuid.UUID, model: EmbeddingModel
-    ) -> _Matrix:
-        """The agent's vectors for `model`, reloaded if the archive changed since they were read."""
-        version = await session.scalar(
-            sa.select(AGENTS.c.archive_version).where(AGENTS.c.tenant == tenant, AGENTS.c.id == agent_id)
-        )
-        if version is None:
+        self, link: Link, tenant: str, agent_id: uuid.UUID, model: EmbeddingModel
+    ) -> _Matrix | None:
+        """The agent's vectors for `model`, reloaded if the archive changed since they were read.
+
+        None if `model` is no longer the agent's (a stale cached model).
+        """
+        found = (
+            await link.execute(
+                sa.select(AGENTS.c.archive_version, current_model(tenant, agent_id, model)).where(
+                    AGENTS.c.tenant == tenant, AGENTS.c.id == agent_id
+                )
+            )
+        ).first()
+        if found is None:
             raise NotFoundError(f"no agent {agent_id}")
-        if (tenant, agent_id) in session.info.get(ARCHIVE_WRITES, ()):
+        version, current = tuple(found)
+        if not current:
+            return None
+        if (tenant, agent_id) in link.info.get(ARCHIVE_WRITES, ()):
             # This unit of work changed the archive: its rows are not committed
             # and may roll back, so they must not outlive it in the cache.
-            return await _load(session, tenant, agent_id, model, version)
-        key = (tenant, agent_id, model.name)
+            return await _load(link, tenant, agent_id, model, version)
+        key = (tenant, agent_id, model.id)
         async with self._loading:
             entry = self._entries.get(key)
             if entry is None or entry.version != version:
-                entry = await _load(session, tenant, agent_id, model, version)
+                entry = await _load(link, tenant, agent_id, model, version)
             with self._mutex:
                 self._entries[key] = entry
                 self._entries.move_to_end(key)
@@ -331,9 +503,7 @@ class VectorCache:
         return entry
 
 
-async def _load(
-    session: AsyncSession, tenant: str, agent_id: uuid.UUID, model: EmbeddingModel, version: int
-) -> _Matrix:
+async def _load(link: Link, tenant: str, agent_id: uuid.UUID, model: EmbeddingModel, version: int) -> _Matrix:
     import numpy as np  # here, not at the top: `from memorm import Database` need not load it
 
     half = model.precision == "float16"
@@ -341,11 +511,12 @@ async def _load(
     raw = sa.type_coerce(column, sa.LargeBinary())  # the stored bytes, undecoded
     # No ORDER BY: hits are ranked by (distance, id) afterwards, and sorting
     # 100,000 rows of vectors cost SQLite a 150 MB temporary b-tree.
-    rows = await session.execute(
+    rows = await link.execute(
         sa.select(PASSAGES.c.id, raw).where(
             PASSAGES.c.tenant == tenant,
             PASSAGES.c.agent_id == agent_id,
             PASSAGES.c.embedding_model == model.name,
+            PASSAGES.c.embedding_dim == model.dim,
         )
     )
     ids: list[uuid.UUID] = []
@@ -414,7 +585,7 @@ def _distances(
 
 
 async def _sqlite_nearest(
-    session: AsyncSession,
+    link: Link,
     cache: VectorCache,
     tenant: str,
     agent_id: uuid.UUID,
@@ -425,20 +596,24 @@ async def _sqlite_nearest(
     where: Sequence[ColumnElement[bool]],
     k: int,
     offset: int,
-) -> list[tuple[uuid.UUID, float]]:
+) -> list[tuple[ArchivalPassage, float]]:
     import numpy as np
 
-    matrix = await cache.matrix(session, tenant, agent_id, model)
+    matrix = await cache.matrix(link, tenant, agent_id, model)
+    if matrix is None:
+        return []
     rows: NDArray[np.intp] | None = None
     if where:  # filters run in SQL; the matrix is narrowed to the rows that pass
-        allowed = await session.scalars(
-            sa.select(PASSAGES.c.id).where(
-                PASSAGES.c.tenant == tenant,
-                PASSAGES.c.agent_id == agent_id,
-                PASSAGES.c.embedding_model == model.name,
-                *where,
+        allowed = (
+            await link.execute(
+                sa.select(PASSAGES.c.id).where(
+                    PASSAGES.c.tenant == tenant,
+                    PASSAGES.c.agent_id == agent_id,
+                    PASSAGES.c.embedding_model == model.name,
+                    *where,
+                )
             )
-        )
+        ).scalars()
         rows = np.array(sorted(matrix.position[i] for i in allowed if i in matrix.position), dtype=np.intp)
     vector = np.asarray(query, dtype=np.float64)
     want = k + offset
@@ -450,12 +625,22 @@ async def _sqlite_nearest(
     ranked = sorted(
         ((distance, matrix.ids[position]) for position, distance in found),
         key=lambda pair: (np.isnan(pair[0]), pair[0], pair[1]),
+    )[offset:want]
+    if not ranked:
+        return []
+    loaded = await link.execute(
+        sa.select(*_FIELDS).where(
+            PASSAGES.c.tenant == tenant,
+            PASSAGES.c.agent_id == agent_id,
+            PASSAGES.c.id.in_([passage_id for _, passage_id in ranked]),
+        )
     )
-    return [(passage_id, distance) for distance, passage_id in ranked[offset:want]]
+    passages = {passage.id: passage for passage in (_passage(tuple(row)) for row in loaded)}
+    return [(passages[passage_id], distance) for distance, passage_id in ranked if passage_id in passages]
 
 
 async def nearest(
-    session: AsyncSession,
+    link: Link,
     cache: VectorCache,
     tenant: str,
     agent_id: uuid.UUID,
@@ -467,14 +652,25 @@ async def nearest(
     k: int,
     offset: int,
     ef_search: int | None = None,
-) -> list[tuple[uuid.UUID, float]]:
-    """The `k` nearest passages (after `offset`): `(id, distance)`, best first."""
-    connection = await session.connection()
-    if connection.dialect.name == "postgresql":
-        scope = [PASSAGES.c.tenant == tenant, PASSAGES.c.agent_id == agent_id, *where]
+) -> list[tuple[ArchivalPassage, float]]:
+    """The `k` nearest passages (after `offset`), with their distances, best first.
+
+    Only passages of `model`, and only while `model` is still this agent's
+    (it may come from a cache): else none.
+    """
+    if not link.sqlite:
         return await _pg_nearest(
-            session, model, query, metric=metric, where=scope, k=k, offset=offset, ef_search=ef_search
+            link,
+            tenant,
+            agent_id,
+            model,
+            query,
+            metric=metric,
+            where=where,
+            k=k,
+            offset=offset,
+            ef_search=ef_search,
         )
     return await _sqlite_nearest(
-        session, cache, tenant, agent_id, model, query, metric=metric, where=where, k=k, offset=offset
+        link, cache, tenant, agent_id, model, query, metric=metric, where=where, k=k, offset=offset
     )
