@@ -246,6 +246,10 @@ class Decoder(NamedTuple):
 
 
 def _decoder(column_type: Any, dialect: Dialect) -> Decoder | None:
+    if dialect.name == "postgresql" and isinstance(column_type, sa.Float):
+        # SQLAlchemy picks asyncpg's float processor by the column's type OID, known
+        # only per result; asyncpg gives a float8 or float4 (distances) as a float.
+        return None
     process = column_type._cached_result_processor(dialect, None)
     if process is None:
         return None
