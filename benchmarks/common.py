@@ -71,6 +71,7 @@ async def postgres_unavailable() -> str | None:
         return f"Postgres at {make_url(POSTGRES_URL)!r} unreachable: {error}"
     try:
         await connection.execute("CREATE EXTENSION IF NOT EXISTS vector SCHEMA public")
+        await connection.execute("CREATE EXTENSION IF NOT EXISTS btree_gin SCHEMA public")
     except Exception as error:
         return f"Postgres at {make_url(POSTGRES_URL)!r} has no usable pgvector: {error}"
     finally:
@@ -152,6 +153,7 @@ async def store(engine: str) -> AsyncIterator[Store]:
     admin = await asyncpg.connect(asyncpg_dsn())
     try:
         await admin.execute("CREATE EXTENSION IF NOT EXISTS vector SCHEMA public")
+        await admin.execute("CREATE EXTENSION IF NOT EXISTS btree_gin SCHEMA public")
         await admin.execute(f'CREATE SCHEMA "{schema}"')
         yield Store(
             engine,

@@ -277,7 +277,7 @@ class Database:
         if self.dialect == "sqlite":
             async with self.unit_of_work() as uow:
                 for index in FTS_INDEXES:
-                    await merge_deleted(uow.session, index)
+                    await merge_deleted(uow.link, index)
             with translating():
                 async with self.engine.connect() as connection:
                     outside = await connection.execution_options(**{READ_ONLY: True})  # no BEGIN

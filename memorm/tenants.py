@@ -104,7 +104,7 @@ async def delete_tenant(
     if db.dialect == "sqlite" and (deleted["messages"] or deleted["archival_passages"]):
         async with view.unit_of_work() as uow:
             for index in FTS_INDEXES:
-                await merge_deleted(uow.session, index)
+                await merge_deleted(uow.link, index)
     return deleted
 
 

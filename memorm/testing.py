@@ -306,6 +306,7 @@ async def _postgres_schema(url: str) -> AsyncIterator[str]:
         if dsn not in _extension_ready:
             # In public, once: a test dropping its schema must never drop the extension.
             await admin.execute("CREATE EXTENSION IF NOT EXISTS vector SCHEMA public")
+            await admin.execute("CREATE EXTENSION IF NOT EXISTS btree_gin SCHEMA public")
             _extension_ready.add(dsn)
         await admin.execute(f'CREATE SCHEMA "{schema}"')
         try:

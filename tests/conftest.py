@@ -113,6 +113,7 @@ def postgres_unavailable() -> str | None:
                 # Installed once in public: per-test schemas share it, and a
                 # test dropping its schema must never drop the extension.
                 await connection.execute("CREATE EXTENSION IF NOT EXISTS vector SCHEMA public")
+                await connection.execute("CREATE EXTENSION IF NOT EXISTS btree_gin SCHEMA public")
             finally:
                 await connection.close()
 

@@ -342,7 +342,9 @@ async def _rows_by_table(db: Database) -> dict[str, set[tuple[Any, ...]]]:
                 lambda c, t=table: [column["name"] for column in sa.inspect(c).get_columns(t.name)]
             )
             ordered = (["tenant"] if "tenant" in names else []) + sorted(
-                n for n in names if n not in ("tenant", "search_words")
+                n
+                for n in names
+                if n not in ("tenant", "search_words", "search_size")  # derived
             )
             rows = await connection.execute(sa.text(f"SELECT {', '.join(ordered)} FROM {table.name}"))
             found[table.name] = {tuple(_hashable(value) for value in row) for row in rows}

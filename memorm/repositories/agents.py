@@ -248,10 +248,10 @@ class AgentRepository(Repository):
         # same id may name rows of two tenants.
         scope = self._within
         agents = sa.select(AGENTS.c.tenant, AGENTS.c.id).where(
-            *scope(AGENTS), *await filter_conditions(self.session, AGENTS, where)
+            *scope(AGENTS), *await filter_conditions(self.link, AGENTS, where)
         )
         tagged = {
-            table.name: sa.and_(*scope(table), *await filter_conditions(self.session, table, where))
+            table.name: sa.and_(*scope(table), *await filter_conditions(self.link, table, where))
             for table in (SESSIONS, MESSAGES, PASSAGES)
         }
         # Sessions and messages are matched with their agent too: on Citus, a join on the shard key.
@@ -313,5 +313,5 @@ class AgentRepository(Repository):
             await self._execute(sa.delete(AGENT_NAMES).where(*scope(AGENT_NAMES), names))
         for index, count in ((MESSAGES_FTS, removed.messages), (PASSAGES_FTS, removed.passages)):
             if count:
-                await merge_deleted(self.session, index)
+                await merge_deleted(self.link, index)
         return removed

@@ -346,10 +346,22 @@ class MessageQueries(Repository):
         """
         text = check_text(query, "query") or ""
         check_limit(limit, offset)
-        where = await self._scope(agent_id, session_id, roles)
-        return await search_page(
-            self.session, MESSAGES_FTS, text, entity=Message, where=where, limit=limit, offset=offset
+        agent = as_uuid(agent_id, "agent_id")
+        narrowing = self._narrowing(session_id, roles)
+        page = await search_page(
+            self.link,
+            MESSAGES_FTS,
+            text,
+            entity=Message,
+            tenant=self._owner,
+            agent=agent,
+            where=narrowing,
+            limit=limit,
+            offset=offset,
         )
+        if not page.total:  # a match proves the agent (and session) exist: only no match asks
+            await self._check_scope(agent, session_id)
+        return page
 
     async def between(
         self,
@@ -398,23 +410,35 @@ class MessageQueries(Repository):
     ) -> list[ColumnElement[bool]]:
         """Filters for one agent (and one of its sessions); NotFoundError for unknown ids."""
         agent = as_uuid(agent_id, "agent_id")
-        wanted = check_roles(roles)
-        where: list[ColumnElement[bool]] = [*self._own(MESSAGES), MESSAGES.c.agent_id == agent]
+        narrowing = self._narrowing(session_id, roles)
+        await self._check_scope(agent, session_id)
+        return [*self._own(MESSAGES), MESSAGES.c.agent_id == agent, *narrowing]
+
+    def _narrowing(
+        self, session_id: uuid.UUID | str | None, roles: Iterable[str] | None
+    ) -> list[ColumnElement[bool]]:
+        """Filters within an agent's messages: one session, some roles."""
+        where: list[ColumnElement[bool]] = []
         if session_id is not None:
-            chat = as_uuid(session_id, "session_id")
-            owner = await self._scalar(
-                sa.select(SESSIONS.c.agent_id).where(
-                    SESSIONS.c.id == chat, SESSIONS.c.agent_id == agent, *self._own(SESSIONS)
-                )
-            )
-            if owner != agent:
-                raise NotFoundError(f"no session {chat} for agent {agent}")
-            where.append(MESSAGES.c.session_id == chat)
-        else:
-            await self._require_agent(agent)
+            where.append(MESSAGES.c.session_id == as_uuid(session_id, "session_id"))
+        wanted = check_roles(roles)
         if wanted is not None:
             where.append(MESSAGES.c.role.in_(wanted))
         return where
+
+    async def _check_scope(self, agent: uuid.UUID, session_id: uuid.UUID | str | None) -> None:
+        """NotFoundError unless the agent exists (and the session is one of its own)."""
+        if session_id is None:
+            await self._require_agent(agent)
+            return
+        chat = as_uuid(session_id, "session_id")
+        owner = await self._scalar(
+            sa.select(SESSIONS.c.agent_id).where(
+                SESSIONS.c.id == chat, SESSIONS.c.agent_id == agent, *self._own(SESSIONS)
+            )
+        )
+        if owner != agent:
+            raise NotFoundError(f"no session {chat} for agent {agent}")
 
     async def _select(
         self, *where: ColumnElement[bool], order: Any = None, limit: int | None = None

@@ -282,16 +282,10 @@ class PassageQueries(Repository):
         key = as_uuid(agent_id, "agent_id")
         text = check_text(query, "query") or ""
         check_limit(limit, offset)
-        await self._require_agent(key)
-        return await search_page(
-            self.session,
-            PASSAGES_FTS,
-            text,
-            entity=ArchivalPassage,
-            where=[*self._own(PASSAGES), PASSAGES.c.agent_id == key],
-            limit=limit,
-            offset=offset,
-        )
+        page = await self._text_page(key, text, [], limit=limit, offset=offset)
+        if not page.total:  # a match proves the agent exists: only no match asks
+            await self._require_agent(key)
+        return page
 
     async def hybrid_search(
         self,
@@ -330,14 +324,10 @@ class PassageQueries(Repository):
         # The text side gets the same scope in SQL, before its limit: model and filters.
         key = as_uuid(agent_id, "agent_id")
         scope = [
-            *self._own(PASSAGES),
-            PASSAGES.c.agent_id == key,
             PASSAGES.c.embedding_model == _check_model_name(embedding_model),
             *await self._filters(where),
         ]
-        text_hits = await search_page(
-            self.session, PASSAGES_FTS, text, entity=ArchivalPassage, where=scope, limit=pool, offset=0
-        )
+        text_hits = await self._text_page(key, text, scope, limit=pool, offset=0)
         distance = {hit.passage.id: hit.distance for hit in vector_hits}
         found = {hit.passage.id: hit.passage for hit in vector_hits}
         fused: dict[uuid.UUID, float] = {}
@@ -356,8 +346,29 @@ class PassageQueries(Repository):
 
         return guarded(self.link)
 
+    async def _text_page(
+        self,
+        agent: uuid.UUID,
+        text: str,
+        where: builtins.list[ColumnElement[bool]],
+        *,
+        limit: int,
+        offset: int,
+    ) -> Page[ArchivalPassage]:
+        return await search_page(
+            self.link,
+            PASSAGES_FTS,
+            text,
+            entity=ArchivalPassage,
+            tenant=self._owner,
+            agent=agent,
+            where=where,
+            limit=limit,
+            offset=offset,
+        )
+
     async def _filters(self, where: Filter | None) -> builtins.list[ColumnElement[bool]]:
-        return await filter_conditions(self.session, PASSAGES, where)
+        return await filter_conditions(self.link, PASSAGES, where)
 
     async def _load(
         self, ids: builtins.list[uuid.UUID], agent: uuid.UUID | None = None

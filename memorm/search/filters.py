@@ -20,15 +20,17 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql import ColumnElement
 
 from memorm.errors import ValidationError
 from memorm.types import JSONType
 from memorm.validation import check_aware, check_json
+
+if TYPE_CHECKING:
+    from memorm.link import Link
 
 __all__ = ["Filter", "compile_filter", "filter_conditions"]
 
@@ -89,11 +91,9 @@ def compile_filter(dialect: str, table: sa.Table, where: Filter | None) -> list[
     return conditions
 
 
-async def filter_conditions(
-    session: AsyncSession, table: sa.Table, where: Filter | None
-) -> list[ColumnElement[bool]]:
-    """`compile_filter` for the database `session` is on."""
-    return compile_filter(session.get_bind().dialect.name, table, where)
+async def filter_conditions(link: Link, table: sa.Table, where: Filter | None) -> list[ColumnElement[bool]]:
+    """`compile_filter` for the database of the unit of work's connection (`link`)."""
+    return compile_filter(link.dialect.name, table, where)
 
 
 def _check_scalar(value: Any, key: str) -> None:

@@ -442,6 +442,7 @@ async def own_database(engine: str, store: Store) -> AsyncIterator[Database]:
         admin = await asyncpg.connect(asyncpg_dsn(url))
         try:
             await admin.execute("CREATE EXTENSION IF NOT EXISTS vector SCHEMA public")
+            await admin.execute("CREATE EXTENSION IF NOT EXISTS btree_gin SCHEMA public")
             await admin.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple SCHEMA public")
             await admin.execute("CREATE SCHEMA scrubbed")
         finally:
