@@ -184,14 +184,16 @@ async def fetch(link: Link, statement: Any, params: dict[str, Any]) -> list[tupl
     sql, names, binds, defaults, results = _compiled(link.dialect, statement)
     given = (params[n] if n in params else defaults[n] for n in names)  # e.g. SQLite's implicit OFFSET 0
     values = [v if p is None or v is None else p(v) for p, v in zip(binds, given, strict=True)]
-    if WATCHERS:
-        if link.needs_begin and link.sqlite:  # it goes along (see _sqlite_fetch)
-            sent(link, "BEGIN IMMEDIATE")
-        sent(link, sql, values)
     if link.sqlite:
+        if WATCHERS:
+            if link.needs_begin:  # it goes along (see _sqlite_fetch)
+                sent(link, "BEGIN IMMEDIATE")
+            sent(link, sql, values)
         rows = await _sqlite_fetch(link, sql, values)
     else:
         await link.ready()
+        if WATCHERS:
+            sent(link, sql, values)
         rows = await link.driver.fetch(sql, *values)
     if not any(results):
         return [tuple(row) for row in rows]

@@ -12,8 +12,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import numpy as np
 import anyio
+import anyio.lowlevel
+import numpy as np
 import pytest
 import sqlalchemy as sa
 from archival_reference import reference
@@ -292,7 +293,7 @@ async def _round_trips(uow: UnitOfWork) -> AsyncIterator[list[str]]:
     try:
         yield sent
     finally:
-        await anyio.sleep(0)  # asyncpg hands logged queries to its loggers with call_soon
+        await anyio.lowlevel.checkpoint()  # asyncpg hands logged queries to its loggers with call_soon
         driver.remove_query_logger(logged)
         event.remove(uow.db.engine.sync_engine, "before_cursor_execute", record)
 

@@ -253,3 +253,50 @@ async def test_leaving_a_unit_of_work_whose_commit_failed_rolls_back_and_raises(
     async with db.unit_of_work(read_only=True) as uow:
         assert (await uow.agents.get(agent.id)).system == "before"
         assert await uow.session.scalar(sa.text("SELECT count(*) FROM sessions")) == 0
+
+
+async def test_the_chat_path_sends_only_its_own_statements_and_builds_no_orm_session(db: Database) -> None:
+    """An append is BEGIN, the counter and the insert (one statement on Postgres), COMMIT; a
+    read-only window or context is one SELECT (plus BEGIN/COMMIT under row-level security,
+    which sets the tenant).  None of them makes a SQLAlchemy session."""
+    from memorm.testing import capture_statements
+
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create("statements")
+        chat = await uow.sessions.create(agent.id)
+        await uow.messages.append(chat.id, [{"role": "user", "content": f"m{i}"} for i in range(5)])
+    rls = db.dialect == "postgresql" and not db.bypasses_rls
+    with capture_statements(db) as sent:
+        async with db.unit_of_work() as uow:
+            await uow.messages.append(chat.id, {"role": "user", "content": "one more"})
+            assert not uow.link.has_session
+    kinds = [statement.split()[0].upper() for statement, _ in sent]
+    if db.dialect == "sqlite":
+        assert kinds == ["BEGIN", "UPDATE", "INSERT", "COMMIT"], sent
+    else:  # the counter's UPDATE feeds the INSERT: one statement
+        assert kinds == ["BEGIN", "WITH", "COMMIT"], sent
+    for read in ("window", "context"):
+        with capture_statements(db) as sent:
+            async with db.unit_of_work(read_only=True) as uow:
+                if read == "window":
+                    found = await uow.messages.window(chat.id, limit=3)
+                else:
+                    found = await uow.messages.context(chat.id, max_tokens=1_000)
+                assert not uow.link.has_session
+        kinds = [statement.split()[0].upper() for statement, _ in sent]
+        assert kinds == (["BEGIN", kinds[1], "COMMIT"] if rls else [kinds[0]]), (read, sent)
+        assert kinds[1 if rls else 0] in ("SELECT", "WITH"), (read, sent)
+        assert [m.content for m in found][-1] == "one more"
+
+
+async def test_uow_session_is_made_on_demand_and_shares_the_transaction(db: Database) -> None:
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create("on-demand")
+        chat = await uow.sessions.create(agent.id)
+        await uow.messages.append(chat.id, {"role": "user", "content": "seen"})
+        count = await uow.session.scalar(sa.text("SELECT count(*) FROM messages WHERE content = 'seen'"))
+        assert count == 1  # the session runs in the unit of work's transaction
+        assert uow.link.has_session
+        await uow.rollback()
+    async with db.unit_of_work(read_only=True) as uow:
+        assert await uow.session.scalar(sa.text("SELECT count(*) FROM messages")) == 0
