@@ -27,6 +27,7 @@ the metric's own values, as pgvector defines them:
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import uuid
 from collections import OrderedDict
@@ -301,6 +302,23 @@ _WIDTH = len(_FIELDS)
 _NAMES = tuple(column.name for column in _FIELDS)
 
 
+# SQLite's exact search: the agent's archive version, with whether the (perhaps cached)
+# model is still the agent's; then the passages of the nearest ids (a JSON array: one
+# statement, compiled once, whatever the count).
+_ARCHIVE_STATE = sa.select(
+    AGENTS.c.archive_version, current_model(sa.bindparam("tenant"), sa.bindparam("agent"))
+).where(AGENTS.c.tenant == sa.bindparam("tenant"), AGENTS.c.id == sa.bindparam("agent"))
+_PASSAGES_BY_ID = sa.select(*_FIELDS).where(
+    PASSAGES.c.tenant == sa.bindparam("tenant"),
+    PASSAGES.c.agent_id == sa.bindparam("agent"),
+    PASSAGES.c.id.in_(
+        sa.select(sa.literal_column("value")).select_from(
+            sa.func.json_each(sa.bindparam("ids", type_=sa.Text))
+        )
+    ),
+)
+
+
 def _passage(row: Sequence[Any]) -> ArchivalPassage:
     """The passage in a row that starts with the passage's columns."""
     return hydrate(ArchivalPassage, dict(zip(_NAMES, row[:_WIDTH], strict=True)))
@@ -474,16 +492,18 @@ class VectorCache:
 
         None if `model` is no longer the agent's (a stale cached model).
         """
-        found = (
-            await link.execute(
-                sa.select(AGENTS.c.archive_version, current_model(tenant, agent_id, model)).where(
-                    AGENTS.c.tenant == tenant, AGENTS.c.id == agent_id
-                )
-            )
-        ).first()
-        if found is None:
+        params = {
+            "tenant": tenant,
+            "agent": agent_id,
+            "model_id": model.id,
+            "model_name": model.name,
+            "model_dim": model.dim,
+            "model_precision": model.precision,
+        }
+        found = await fetch(link, _ARCHIVE_STATE, params)
+        if not found:
             raise NotFoundError(f"no agent {agent_id}")
-        version, current = tuple(found)
+        version, current = found[0]
         if not current:
             return None
         if (tenant, agent_id) in link.info.get(ARCHIVE_WRITES, ()):
@@ -628,14 +648,9 @@ async def _sqlite_nearest(
     )[offset:want]
     if not ranked:
         return []
-    loaded = await link.execute(
-        sa.select(*_FIELDS).where(
-            PASSAGES.c.tenant == tenant,
-            PASSAGES.c.agent_id == agent_id,
-            PASSAGES.c.id.in_([passage_id for _, passage_id in ranked]),
-        )
-    )
-    passages = {passage.id: passage for passage in (_passage(tuple(row)) for row in loaded)}
+    wanted_ids = json.dumps([passage_id.hex for _, passage_id in ranked])  # ids as SQLite stores them
+    loaded = await fetch(link, _PASSAGES_BY_ID, {"tenant": tenant, "agent": agent_id, "ids": wanted_ids})
+    passages = {passage.id: passage for passage in map(_passage, loaded)}
     return [(passages[passage_id], distance) for distance, passage_id in ranked if passage_id in passages]
 
 
