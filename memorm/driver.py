@@ -259,24 +259,27 @@ def _decoder(column_type: Any, dialect: Dialect) -> Decoder | None:
 
 
 def _decode(rows: Sequence[Sequence[Any]], decoders: Sequence[Decoder | None]) -> list[tuple[Any, ...]]:
-    """Driver rows -> Python rows, by each column's decoder (built once per statement)."""
-    width = len(decoders)
-    last_in: list[Any] = [_UNSET] * width
-    last_out: list[Any] = [None] * width
+    """Driver rows -> Python rows, by each column's decoder (built once per statement).
+
+    Only the columns that have a decoder are visited; a shared (immutable)
+    value repeating the previous row's is decoded once.
+    """
+    active = [(index, decoder.process, decoder.shared) for index, decoder in enumerate(decoders) if decoder]
+    last_in: list[Any] = [_UNSET] * len(decoders)
+    last_out: list[Any] = [None] * len(decoders)
     decoded = []
     for row in rows:
         values = list(row)
-        for index in range(width):
-            decoder = decoders[index]
+        for index, process, shared in active:
             value = values[index]
-            if decoder is None or value is None:
+            if value is None:
                 continue
-            if not decoder.shared:
-                values[index] = decoder.process(value)
+            if not shared:
+                values[index] = process(value)
             elif value == last_in[index]:
                 values[index] = last_out[index]
             else:
-                values[index] = last_out[index] = decoder.process(value)
+                values[index] = last_out[index] = process(value)
                 last_in[index] = value
         decoded.append(tuple(values))
     return decoded

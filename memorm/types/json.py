@@ -76,6 +76,7 @@ def _float(text: str) -> float:
 
 _DECODER = json.JSONDecoder(parse_int=_int_or_float)
 _FAST_DECODER = json.JSONDecoder()
+_scan = _FAST_DECODER.scan_once  # type: ignore[attr-defined]  # the C scanner json.loads runs
 _LONG_DIGITS = re.compile(
     r"[0-9]{19}"
 )  # 2**63 has 19 digits: shorter integers fit in 64 bits  # json.loads(parse_int=) builds one per call
@@ -96,8 +97,15 @@ def loads(text: str | bytes) -> Any:
         return _UNSIGNED_DECODER.decode(document)
     if _LONG_DIGITS.search(document) is None:
         # No integer can be past 64 bits: the C scanner parses every number itself,
-        # where `_int_or_float` would cost a Python call per integer.
-        return _FAST_DECODER.decode(document)
+        # where `_int_or_float` would cost a Python call per integer.  Called
+        # directly: memorm stores JSON without surrounding whitespace.
+        try:
+            value, end = _scan(document, 0)
+        except StopIteration:
+            end = -1
+        if end == len(document):
+            return value
+        return _FAST_DECODER.decode(document)  # whitespace, or an error to report
     return _DECODER.decode(document)
 
 
