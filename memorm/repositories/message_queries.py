@@ -109,20 +109,20 @@ def _context_statement(*, pinned: bool, routed: bool) -> sa.CompoundSelect[Any] 
         system = sa.select(sa.literal(_SYSTEM).label("part"), *_FIELDS).where(
             *chat, MESSAGES.c.seq == pinned_seq
         )
+    # The running total reads only (seq, tokens) of the newest rows; the kept
+    # rows are then read whole by seq, through the session's index.
     newest = (
-        sa.select(*_FIELDS, _TOKENS.label("tokens"))
+        sa.select(MESSAGES.c.seq, _TOKENS.label("tokens"))
         .where(*chat, *body_where)
         .order_by(MESSAGES.c.seq.desc())
         .limit(sa.bindparam("cap"))
         .cte("newest")
     )
     running = sa.select(
-        *(newest.c[name] for name in _COLUMNS),
-        sa.func.sum(newest.c.tokens).over(order_by=newest.c.seq.desc()).label("running"),
+        newest.c.seq, sa.func.sum(newest.c.tokens).over(order_by=newest.c.seq.desc()).label("running")
     ).cte("running")
-    body = sa.select(sa.literal(_BODY).label("part"), *(running.c[name] for name in _COLUMNS)).where(
-        running.c.running <= allowed
-    )
+    first_kept = sa.select(sa.func.min(running.c.seq)).where(running.c.running <= allowed).scalar_subquery()
+    body = sa.select(sa.literal(_BODY).label("part"), *_FIELDS).where(*chat, MESSAGES.c.seq >= first_kept)
     return body if system is None else sa.union_all(system, body)
 
 
