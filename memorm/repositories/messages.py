@@ -18,6 +18,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from functools import cache
+from operator import itemgetter
 from typing import Any
 
 import sqlalchemy as sa
@@ -44,7 +45,10 @@ _ALLOCATE = (
     .returning(SESSIONS.c.agent_id, SESSIONS.c.next_seq)
 )
 _ALLOCATE_ROUTED = _ALLOCATE.where(SESSIONS.c.agent_id == sa.bindparam("of_agent"))  # the agent known
-_FROM_COUNTER = ("agent_id", "seq")  # a folded append's columns that come from the session's counter
+_FROM_COUNTER = ("agent_id", "seq")
+_VALUES = itemgetter(
+    *_COLUMNS
+)  # a checked row's values, in column order  # a folded append's columns that come from the session's counter
 
 
 @cache
@@ -117,7 +121,9 @@ class MessageRepository(MessageRetention):
         if not rows:
             await self._lock_session(key)
             return []
-        if len(rows) == 1 and not self.link.sqlite:
+        if len(rows) == 1 and not self.link.sqlite and not self._distributed:
+            # One statement on one server.  Citus runs an INSERT … SELECT from a
+            # data-modifying CTE through the coordinator: 4.5x slower than two statements.
             return [await self._append_one(key, batch[0], rows[0])]
         agent_id, end = await self._allocate(key, len(rows))
         return await self._store(key, agent_id, batch, rows, first_seq=end - len(rows))
@@ -345,10 +351,11 @@ class MessageRepository(MessageRetention):
     ) -> list[Message]:
         """Number, complete and insert checked rows (token counts filled in); returns `Message` objects."""
         now = utcnow()
-        tenant = self._owner
+        shared = {"tenant": self._owner, "session_id": key, "agent_id": agent_id, "updated_at": now}
         stored: list[Message] = []
         for seq, (item, row) in enumerate(zip(batch, rows, strict=True), start=first_seq):
-            row.update(tenant=tenant, session_id=key, agent_id=agent_id, seq=seq, updated_at=now)
+            row.update(shared)
+            row["seq"] = seq
             if row["created_at"] is None:
                 row["created_at"] = now
             if isinstance(item, Message):
@@ -356,5 +363,5 @@ class MessageRepository(MessageRetention):
                 stored.append(item)
             else:
                 stored.append(hydrate(Message, row))
-        await insert_rows(self.link, MESSAGES, _COLUMNS, [[row[c] for c in _COLUMNS] for row in rows])
+        await insert_rows(self.link, MESSAGES, _COLUMNS, list(map(_VALUES, rows)))
         return stored
