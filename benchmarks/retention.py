@@ -390,7 +390,8 @@ class RawSQLite:
         async def work() -> None:
             for table in TABLES:
                 await self.connection.execute(
-                    f"INSERT INTO {table} SELECT s.* FROM stage_{table} AS s "
+                    f"INSERT INTO {table} ({', '.join(_loaded(table))}) "
+                    f"SELECT {', '.join('s.' + c for c in _loaded(table))} FROM stage_{table} AS s "
                     f"WHERE NOT EXISTS (SELECT 1 FROM {table} AS t WHERE t.id = s.id)"
                 )
 
@@ -544,7 +545,8 @@ class RawPostgres:
         async with self.connection.transaction():
             for table in TABLES:
                 await self.connection.execute(
-                    f"INSERT INTO {table} SELECT s.* FROM stage_{table} AS s "
+                    f"INSERT INTO {table} ({', '.join(_loaded(table))}) "
+                    f"SELECT {', '.join('s.' + c for c in _loaded(table))} FROM stage_{table} AS s "
                     f"WHERE NOT EXISTS (SELECT 1 FROM {table} AS t WHERE t.id = s.id)"
                 )
         await self.settle()
