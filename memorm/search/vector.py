@@ -50,6 +50,7 @@ from memorm.routing import DISTRIBUTED
 from memorm.search.model_cache import ModelCache
 from memorm.translate import READ_ONLY
 from memorm.types import VectorType
+from memorm.validation import INT64_MAX
 
 if TYPE_CHECKING:
     import numpy as np
@@ -373,7 +374,7 @@ def _nearest_statement(
     # ties by id and cuts the page, and says how many the inner one found and
     # the farthest distance among them, to tell whether equal distances ran
     # past the margin.  One statement, the passages' columns included.
-    near = scoped.order_by(distance).limit(sa.bindparam("near", type_=sa.Integer)).subquery("near")
+    near = scoped.order_by(distance).limit(sa.bindparam("near", type_=sa.BigInteger)).subquery("near")
     page = (
         sa.select(
             *near.c,
@@ -381,13 +382,13 @@ def _nearest_statement(
             sa.func.max(near.c.distance).over().label("edge"),
         )
         .order_by(near.c.distance, near.c.id)
-        .limit(sa.bindparam("limit", type_=sa.Integer))
-        .offset(sa.bindparam("offset", type_=sa.Integer))
+        .limit(sa.bindparam("limit", type_=sa.BigInteger))
+        .offset(sa.bindparam("offset", type_=sa.BigInteger))
     )
     exact = (
         scoped.order_by(distance, PASSAGES.c.id)
-        .limit(sa.bindparam("limit", type_=sa.Integer))
-        .offset(sa.bindparam("offset", type_=sa.Integer))
+        .limit(sa.bindparam("limit", type_=sa.BigInteger))
+        .offset(sa.bindparam("offset", type_=sa.BigInteger))
     )
     statements = _Nearest(page, exact)
     if not where and len(_STATEMENTS) < _STATEMENTS_MAX:
@@ -410,6 +411,7 @@ async def _pg_nearest(
 ) -> list[tuple[ArchivalPassage, float]]:
     statements = _nearest_statement(metric, model.name, model.dim, model.precision, where)
     want = k + offset
+    near = min(want + _TIE_MARGIN, INT64_MAX)  # offsets are 64-bit: so are the limits
     values = {
         "query": query,
         "tenant": tenant,
@@ -418,7 +420,7 @@ async def _pg_nearest(
         "model_name": model.name,
         "model_dim": model.dim,
         "model_precision": model.precision,
-        "near": want + _TIE_MARGIN,
+        "near": near,
         "limit": k,
         "offset": offset,
     }
@@ -427,7 +429,7 @@ async def _pg_nearest(
         rows = [tuple(row) for row in await link.execute(statements.page, values)]
     else:
         rows = await fetch(link, statements.page, values)
-    if rows and rows[0][_WIDTH + 1] == want + _TIE_MARGIN and rows[-1][_WIDTH] == rows[0][_WIDTH + 2]:
+    if rows and rows[0][_WIDTH + 1] == near and rows[-1][_WIDTH] == rows[0][_WIDTH + 2]:
         # More equal distances than the margin holds at the page's edge (duplicate
         # texts, say): order them exactly, by (distance, id), without the index.
         exact = await link.execute(statements.exact, values)
