@@ -146,21 +146,18 @@ class Link:
 
     async def commit(self) -> None:
         """Flush and commit (SQLAlchemy's view of the transaction first, then the driver's)."""
-        if self._session is not None:
-            await self._session.commit()
-        elif self._connection is not None and self._connection.in_transaction():
-            await self._connection.commit()
-        if in_transaction(self.driver):
-            await self._send("COMMIT")
-        self.begun = False
+        await self._end(commit=True)
 
     async def rollback(self) -> None:
+        await self._end(commit=False)
+
+    async def _end(self, *, commit: bool) -> None:
         if self._session is not None:
-            await self._session.rollback()
+            await (self._session.commit() if commit else self._session.rollback())
         elif self._connection is not None and self._connection.in_transaction():
-            await self._connection.rollback()
+            await (self._connection.commit() if commit else self._connection.rollback())
         if in_transaction(self.driver):
-            await self._send("ROLLBACK")
+            await self._send("COMMIT" if commit else "ROLLBACK")
         self.begun = False
 
     async def _send(self, statement: str) -> None:

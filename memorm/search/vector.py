@@ -320,6 +320,18 @@ _PASSAGES_BY_ID = sa.select(*_FIELDS).where(
 )
 
 
+def _model_params(tenant: str, agent_id: uuid.UUID, model: EmbeddingModel) -> dict[str, Any]:
+    """The parameters of `current_model` (built without a model) and of the agent it belongs to."""
+    return {
+        "tenant": tenant,
+        "agent": agent_id,
+        "model_id": model.id,
+        "model_name": model.name,
+        "model_dim": model.dim,
+        "model_precision": model.precision,
+    }
+
+
 def _passage(row: Sequence[Any]) -> ArchivalPassage:
     """The passage in a row that starts with the passage's columns."""
     return hydrate(ArchivalPassage, dict(zip(_NAMES, row[:_WIDTH], strict=True)))
@@ -414,12 +426,7 @@ async def _pg_nearest(
     near = min(want + _TIE_MARGIN, INT64_MAX)  # offsets are 64-bit: so are the limits
     values = {
         "query": query,
-        "tenant": tenant,
-        "agent": agent_id,
-        "model_id": model.id,
-        "model_name": model.name,
-        "model_dim": model.dim,
-        "model_precision": model.precision,
+        **_model_params(tenant, agent_id, model),
         "near": near,
         "limit": k,
         "offset": offset,
@@ -494,15 +501,7 @@ class VectorCache:
 
         None if `model` is no longer the agent's (a stale cached model).
         """
-        params = {
-            "tenant": tenant,
-            "agent": agent_id,
-            "model_id": model.id,
-            "model_name": model.name,
-            "model_dim": model.dim,
-            "model_precision": model.precision,
-        }
-        found = await fetch(link, _ARCHIVE_STATE, params)
+        found = await fetch(link, _ARCHIVE_STATE, _model_params(tenant, agent_id, model))
         if not found:
             raise NotFoundError(f"no agent {agent_id}")
         version, current = found[0]
