@@ -4,10 +4,12 @@ On a distributed database every table but `agents` is sharded by
 `agent_id`.  A call that receives only a session id (`append`, `window`,
 `context`…) must name the session's agent too, or Citus asks every shard.
 A session never changes agent, so the mapping is cached per `Database`:
-sessions memorm creates or reads are remembered, and on a distributed
-database an unknown session is looked up once (that one lookup asks every
-shard).  Elsewhere nothing is looked up: a known agent still narrows the
-statements, an unknown one is simply left out.
+sessions memorm creates, reads or appends to are remembered, and an unknown
+session is looked up once by its key (on a distributed database that one
+lookup asks every shard).  Statements on a session's messages always name
+its agent, on every engine: the messages' indexes lead with
+`(tenant, agent_id)`, so without it a window would read the tenant's
+every message.
 """
 
 from __future__ import annotations

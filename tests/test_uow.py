@@ -12,6 +12,7 @@ from sqlalchemy.engine import make_url
 
 from memorm import Database, SchemaError
 from memorm.errors import DatabaseError, MemormError
+from memorm.tenancy import DEFAULT_TENANT
 from memorm.uow import UnitOfWork
 
 pytestmark = pytest.mark.anyio
@@ -300,3 +301,42 @@ async def test_uow_session_is_made_on_demand_and_shares_the_transaction(db: Data
         await uow.rollback()
     async with db.unit_of_work(read_only=True) as uow:
         assert await uow.session.scalar(sa.text("SELECT count(*) FROM messages")) == 0
+
+
+async def test_a_restarted_server_reads_a_sessions_messages_by_agent(db: Database, store: Store) -> None:
+    """A Database that did not make the session (another process, or this one restarted) looks
+    its agent up once, then names it in every statement on the session's messages: their
+    indexes lead with (tenant, agent_id), and without it a window reads the tenant's every row."""
+    from memorm.testing import capture_statements
+
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create("restarted")
+        chat = await uow.sessions.create(agent.id)
+        await uow.messages.append(chat.id, [{"role": "user", "content": f"m{i}"} for i in range(5)])
+    restarted = store.database()
+    try:
+        reads = {
+            "window": lambda uow: uow.messages.window(chat.id, limit=3),
+            "context": lambda uow: uow.messages.context(chat.id, max_tokens=1_000),
+            "count": lambda uow: uow.messages.count(chat.id),
+        }
+        for turn in range(2):
+            for name, read in reads.items():
+                with capture_statements(restarted) as sent:
+                    async with restarted.unit_of_work(read_only=True) as uow:
+                        assert await read(uow), name
+                on_messages = [sql for sql, _ in sent if "FROM messages" in sql]
+                lookups = [sql for sql, _ in sent if "FROM messages" not in sql and "FROM sessions" in sql]
+                assert on_messages, (name, sent)
+                assert all("agent_id =" in sql for sql in on_messages), (name, sent)
+                # The agent is looked up on the session's first call only, then remembered.
+                assert len(lookups) == (1 if (turn, name) == (0, "window") else 0), (name, sent)
+    finally:
+        await restarted.dispose()
+    appender = store.database()  # an append, which finds the session by its key, remembers its agent
+    try:
+        async with appender.unit_of_work() as uow:
+            await uow.messages.append(chat.id, {"role": "user", "content": "one more"})
+        assert appender.session_agents.get(DEFAULT_TENANT, chat.id) == agent.id
+    finally:
+        await appender.dispose()

@@ -63,19 +63,23 @@ class Repository:
         """Like `_own`, but nothing in an all-tenants unit of work: for maintenance across tenants."""
         return [] if self.tenant is None else [table.c.tenant == self.tenant for table in tables]
 
-    async def _agent_of(self, session_id: uuid.UUID) -> uuid.UUID | None:
-        """The session's agent, to route its statements by (`memorm.routing`).
+    async def _agent_of(self, session_id: uuid.UUID, *, lookup: bool = True) -> uuid.UUID | None:
+        """The session's agent, to narrow its statements by (`memorm.routing`).
 
-        Known if this database created or read the session before; on a
-        distributed database an unknown session is looked up (NotFoundError
-        if there is none); elsewhere None, and the statements go without it.
+        Known if this database created or read the session before; else looked
+        up once by the session's key (NotFoundError if there is none) and
+        remembered.  The messages' indexes lead with `(tenant, agent_id)`: a
+        statement on a session's messages without its agent would read all of
+        the tenant's.  `lookup=False`, for a statement on the session's own
+        row (its primary key finds it): an unknown agent is left out, except
+        on a distributed database, where it also picks the shard.
         """
         routes: SessionAgents | None = self.link.info.get(ROUTES)
         if routes is None:
             return None
         tenant = self._owner
         agent: uuid.UUID | None = routes.get(tenant, session_id)
-        if agent is None and self._distributed:
+        if agent is None and (lookup or self._distributed):
             agent = await self._scalar(
                 sa.select(SESSIONS.c.agent_id).where(*self._own(SESSIONS), SESSIONS.c.id == session_id)
             )
@@ -97,7 +101,7 @@ class Repository:
 
     async def _session_row(self, session_id: uuid.UUID) -> list[ColumnElement[bool]]:
         """The conditions for the session's own row: its tenant, its id and (if known) its agent."""
-        agent = await self._agent_of(session_id)
+        agent = await self._agent_of(session_id, lookup=False)
         return [*self._own(SESSIONS), SESSIONS.c.id == session_id, *self._on(SESSIONS, agent)]
 
     def _unroute(self, session_id: uuid.UUID) -> None:

@@ -287,7 +287,7 @@ class MessageRepository(MessageRetention):
         so concurrent appenders queue here and their numbers never interleave.
         """
         check_writable(self.link)
-        agent = await self._agent_of(key)
+        agent = await self._agent_of(key, lookup=False)  # the session's row: by its key
         async with guarded(self.link):
             params = {"of_tenant": self._owner, "session_id": key, "count": count, "now": utcnow()}
             if agent is None:
@@ -297,12 +297,13 @@ class MessageRepository(MessageRetention):
         if not rows:
             raise NotFoundError(f"no session {key}")
         agent_id, end = rows[0]
+        self._route(key, agent_id)
         return agent_id, int(end)
 
     async def _append_one(self, key: uuid.UUID, item: MessageInput, row: dict[str, Any]) -> Message:
         """Append one checked message in one statement (`_append_one`, Postgres)."""
         check_writable(self.link)
-        agent = await self._agent_of(key)
+        agent = await self._agent_of(key, lookup=False)  # the session's row: by its key
         now = utcnow()
         row.update(tenant=self._owner, session_id=key, updated_at=now)
         if row["created_at"] is None:
@@ -316,6 +317,7 @@ class MessageRepository(MessageRetention):
         if not found:
             raise NotFoundError(f"no session {key}")
         row["agent_id"], row["seq"] = found[0]
+        self._route(key, row["agent_id"])
         if isinstance(item, Message):
             item.__dict__.update(row)  # transient object: plain writes are enough
             return item
