@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, TypeVar, cast
 
@@ -148,16 +149,16 @@ class _Row(MemormModel):
         fields are ignored, as SQLModel ignores them.
         """
         plan = _PLANS.get(type(self)) or _plan(type(self))
-        values: dict[str, Any] = {}
-        given: set[str] = set()
-        for name, default, factory in plan:
-            if name in data:
-                values[name] = data[name]
-                given.add(name)
-            elif factory is not None:
+        values = dict(plan.defaults)  # every field, in order: the defaults, None for factories
+        if plan.names.issuperset(data):
+            values.update(data)
+            given = set(data)
+        else:
+            given = {name for name in data if name in plan.names}
+            values.update((name, data[name]) for name in given)
+        for name, factory in plan.factories:
+            if name not in given:
                 values[name] = factory()
-            else:
-                values[name] = default
         self.__dict__.update(values)
         _set_slot(self, "__pydantic_fields_set__", given)
 
@@ -362,21 +363,35 @@ def hydrate(model: type[M], values: dict[str, Any]) -> M:
 
 
 _MANAGERS: dict[type[Any], Any] = {}
-_PLANS: dict[type[Any], tuple[tuple[str, Any, Callable[[], Any] | None], ...]] = {}
 
 
-def _plan(model: type[MemormModel]) -> tuple[tuple[str, Any, Callable[[], Any] | None], ...]:
-    """`(name, default, default factory)` of each field of a table, for `_Row.__init__`."""
+@dataclass(frozen=True)
+class _Plan:
+    """How `_Row.__init__` fills a table's fields: defaults, names, and factories to call."""
+
+    defaults: dict[str, Any]  # every field in order: its default (None where a factory makes it)
+    names: frozenset[str]
+    factories: tuple[tuple[str, Callable[[], Any]], ...]
+
+
+_PLANS: dict[type[Any], _Plan] = {}
+
+
+def _plan(model: type[MemormModel]) -> _Plan:
+    """The `_Plan` of a table, made on its first construction."""
     if model.__pydantic_post_init__ or any(field.alias for field in model.model_fields.values()):
         raise TypeError(f"{model.__name__}: _Row's constructor supports no aliases or post-init hooks")
-    plan: list[tuple[str, Any, Callable[[], Any] | None]] = []
+    defaults: dict[str, Any] = {}
+    factories: list[tuple[str, Callable[[], Any]]] = []
     for name, field in model.model_fields.items():
         factory = cast("Callable[[], Any] | None", field.default_factory)  # memorm's take no data
         default = None if factory is not None or field.is_required() else field.default
         if not isinstance(default, (str, int, float, bool, type(None))):
             raise TypeError(f"{model.__name__}.{name}: a mutable default needs a default_factory")
-        plan.append((name, default, factory))
-    _PLANS[model] = found = tuple(plan)
+        defaults[name] = default
+        if factory is not None:
+            factories.append((name, factory))
+    _PLANS[model] = found = _Plan(defaults, frozenset(defaults), tuple(factories))
     return found
 
 

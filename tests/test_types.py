@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import math
@@ -252,6 +253,18 @@ def test_uuid7_ids_strictly_increase_in_creation_order() -> None:
     assert {i.version for i in ids} == {7}
     assert {i.variant for i in ids} == {uuid.RFC_4122}
     assert len(set(ids)) == len(ids)
+    # Built without UUID's constructor: equal, in every form, to the UUID of the same value.
+    for made in ids[:100]:
+        same = uuid.UUID(int=made.int)
+        assert (made, hash(made), str(made), made.bytes, made.is_safe) == (
+            same,
+            hash(same),
+            str(same),
+            same.bytes,
+            same.is_safe,
+        )
+        assert uuid.UUID(str(made)) == made
+        assert copy.deepcopy(made) == made
 
 
 # -- bad input is refused before anything is written ---------------------------
