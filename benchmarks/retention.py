@@ -332,6 +332,20 @@ def _loaded(table: str) -> tuple[str, ...]:
     return COLUMNS[table] + (("search_words",) if table in WORDS_FROM else ())
 
 
+def _restore(table: str) -> str:
+    """Put back the staged rows of `table` that are missing.
+
+    The probe names the whole primary key, `(tenant, id)`: by `id` alone
+    SQLite cannot use the key's index and scans the table once per staged row.
+    """
+    columns = _loaded(table)
+    return (
+        f"INSERT INTO {table} ({', '.join(columns)}) "
+        f"SELECT {', '.join('s.' + c for c in columns)} FROM stage_{table} AS s "
+        f"WHERE NOT EXISTS (SELECT 1 FROM {table} AS t WHERE t.tenant = s.tenant AND t.id = s.id)"
+    )
+
+
 def _cell(row: Mapping[str, Any], column: str) -> Any:
     """The row's value of `column`; rows made here have no tenant: memorm's default one."""
     return row.get(column, "default") if column == "tenant" else row[column]
@@ -389,11 +403,7 @@ class RawSQLite:
 
         async def work() -> None:
             for table in TABLES:
-                await self.connection.execute(
-                    f"INSERT INTO {table} ({', '.join(_loaded(table))}) "
-                    f"SELECT {', '.join('s.' + c for c in _loaded(table))} FROM stage_{table} AS s "
-                    f"WHERE NOT EXISTS (SELECT 1 FROM {table} AS t WHERE t.id = s.id)"
-                )
+                await self.connection.execute(_restore(table))
 
         await self._transaction(work)
         await self.settle()
@@ -544,11 +554,7 @@ class RawPostgres:
     async def restore(self) -> None:
         async with self.connection.transaction():
             for table in TABLES:
-                await self.connection.execute(
-                    f"INSERT INTO {table} ({', '.join(_loaded(table))}) "
-                    f"SELECT {', '.join('s.' + c for c in _loaded(table))} FROM stage_{table} AS s "
-                    f"WHERE NOT EXISTS (SELECT 1 FROM {table} AS t WHERE t.id = s.id)"
-                )
+                await self.connection.execute(_restore(table))
         await self.settle()
 
     async def settle(self) -> None:
