@@ -49,6 +49,7 @@ from memorm.db import Database
 from memorm.errors import DatabaseError, ValidationError
 from memorm.models import Agent
 from memorm.repositories.checkpoints import CheckpointKey, StoredCheckpoint, StoredWrite, Value
+from memorm.search.filters import check_json_keys
 from memorm.uow import UnitOfWork
 from memorm.validation import MAX_COUNT, as_uuid, check_duration, check_int, check_name
 
@@ -579,9 +580,7 @@ class _Listing:
         self.where = None if config is None else _Thread(config)
         # A config without a namespace lists every namespace of the thread.
         self.ns_any = config is not None and "checkpoint_ns" not in (config.get("configurable") or {})
-        if filter is not None and not isinstance(filter, Mapping):
-            raise ValidationError(f"filter: expected a dict, got {type(filter).__name__}")
-        self.filter = dict(filter) if filter else None
+        self.filter = None if filter is None else dict(check_json_keys(filter, "filter")) or None
         self.before = None if before is None else _Thread(before, field="before").checkpoint_id
         self.left = None if limit is None else check_int(limit, "limit", minimum=0, maximum=2**62)
         self.after: CheckpointKey | None = None
