@@ -53,7 +53,7 @@ from memorm.search.filters import check_json_keys
 from memorm.uow import UnitOfWork
 from memorm.validation import MAX_COUNT, as_uuid, check_duration, check_int, check_name
 
-__all__ = ["PAGE", "MemormSaver"]
+__all__ = ["PAGE", "MemormSaver", "copy_checkpoints"]
 
 PAGE = 100
 """Checkpoints read per query when listing."""
@@ -565,6 +565,35 @@ class MemormSaver(BaseCheckpointSaver[str]):
                     [(channel, str(version)) for channel, version in versions],
                 )
             await uow.checkpoints.prune(self.agent_id, chat.id, keep)
+
+
+async def copy_checkpoints(
+    source: BaseCheckpointSaver[Any], target: MemormSaver, config: RunnableConfig | None = None
+) -> int:
+    """Copy the checkpoints (with their writes) of another LangGraph saver into a `MemormSaver`.
+
+    The way from `langgraph-checkpoint-sqlite` or `-postgres` to memorm:
+    every checkpoint `source.alist(config)` gives (all threads when
+    `config` is None) is stored by `target` under the same thread, namespace
+    and id, with its parent, metadata, channel values and pending writes.
+    Copying again stores nothing new.  Returns the checkpoints copied.
+    """
+    copied = 0
+    async for item in source.alist(config):
+        where = dict(item.config["configurable"])
+        parent = (item.parent_config or {}).get("configurable", {}).get("checkpoint_id")
+        put_config: RunnableConfig = {"configurable": {**where, "checkpoint_id": parent}}
+        checkpoint = item.checkpoint
+        stored = await target.aput(
+            put_config, checkpoint, item.metadata, dict(checkpoint["channel_versions"])
+        )
+        by_task: dict[str, builtins.list[tuple[str, Any]]] = {}
+        for task_id, channel, value in item.pending_writes or ():
+            by_task.setdefault(task_id, []).append((channel, value))
+        for task_id, writes in by_task.items():
+            await target.aput_writes(stored, writes, task_id)
+        copied += 1
+    return copied
 
 
 class _Listing:
