@@ -156,6 +156,9 @@ def test_the_distribute_command_prints_what_it_did_and_is_safe_to_rerun(
         "sessions: distributed by agent_id",
         "messages: distributed by agent_id",
         "archival_passages: distributed by agent_id",
+        "graph_checkpoints: distributed by agent_id",
+        "graph_writes: distributed by agent_id",
+        "graph_blobs: distributed by agent_id",
     ]
     assert main(["db", "distribute", "--url", citus_url]) == 0
     assert capsys.readouterr().out == "already distributed: nothing to do\n"
