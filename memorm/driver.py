@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
@@ -45,9 +45,19 @@ from memorm.types.uuid import UUIDType
 if TYPE_CHECKING:
     from memorm.link import Link
 
-__all__ = ["COPY_THRESHOLD", "WATCHERS", "fetch", "in_transaction", "insert_rows", "interrupt", "sent"]
+__all__ = [
+    "COPY_THRESHOLD",
+    "WATCHERS",
+    "OnConflict",
+    "fetch",
+    "in_transaction",
+    "insert_rows",
+    "interrupt",
+    "sent",
+]
 
 Processor = Callable[[Any], Any] | None
+OnConflict = Literal["error", "ignore", "update"]  # what an insert does with a row whose key is taken
 Watcher = Callable[[Any, str, Sequence[Any]], None]  # (the link's pool, SQL, parameters)
 WATCHERS: list[Watcher] = []  # `memorm.testing.capture_statements`: what memorm sends on the driver
 
@@ -64,9 +74,20 @@ _UNSET = object()
 
 
 async def insert_rows(
-    link: Link, table: sa.Table, columns: Sequence[str], rows: Sequence[Sequence[Any]]
+    link: Link,
+    table: sa.Table,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    on_conflict: OnConflict = "error",
 ) -> None:
-    """Insert `rows` (tuples of values in `columns` order) into `table`."""
+    """Insert `rows` (tuples of values in `columns` order) into `table`.
+
+    `on_conflict` says what a row whose primary key is taken does: raise
+    (`"error"`, as a plain INSERT), leave the stored row (`"ignore"`), or
+    replace the stored row's other columns (`"update"`).  Both engines
+    spell it `ON CONFLICT (key) DO …`.
+    """
     if not rows:
         return
     check_writable(link)
@@ -77,24 +98,19 @@ async def insert_rows(
         await link.ready()
         driver = link.driver
         # A unit of work that sets its tenant runs under row-level security, and
-        # Postgres refuses COPY FROM to a table with row-level security.
-        copy = not link.sqlite and TENANT not in link.info
+        # Postgres refuses COPY FROM to a table with row-level security.  COPY knows no conflicts.
+        copy = not link.sqlite and TENANT not in link.info and on_conflict == "error"
+        sql = _insert_sql(dialect, table, names, on_conflict)
         if WATCHERS:
-            sent(
-                link,
-                f"COPY {table.name}"
-                if copy and len(records) >= COPY_THRESHOLD
-                else _insert_sql(dialect, table, names),
-                records,
-            )
+            sent(link, f"COPY {table.name}" if copy and len(records) >= COPY_THRESHOLD else sql, records)
         if copy and len(records) >= COPY_THRESHOLD:
             await driver.copy_records_to_table(table.name, records=records, columns=names)
         elif len(records) == 1 and link.sqlite:
-            await driver.execute_fetchall(_insert_sql(dialect, table, names), records[0])
+            await driver.execute_fetchall(sql, records[0])
         elif len(records) == 1:
-            await driver.execute(_insert_sql(dialect, table, names), *records[0])
+            await driver.execute(sql, *records[0])
         else:
-            await driver.executemany(_insert_sql(dialect, table, names), records)
+            await driver.executemany(sql, records)
 
 
 @lru_cache(maxsize=256)
@@ -166,12 +182,19 @@ def _processors(dialect: Dialect, table: sa.Table, names: tuple[str, ...]) -> tu
 
 
 @lru_cache(maxsize=256)
-def _insert_sql(dialect: Dialect, table: sa.Table, names: tuple[str, ...]) -> str:
+def _insert_sql(dialect: Dialect, table: sa.Table, names: tuple[str, ...], on_conflict: OnConflict) -> str:
     statement = sa.insert(table).values({name: sa.bindparam(name) for name in names})
     compiled = statement.compile(dialect=dialect)
     if compiled.positiontup is None or list(compiled.positiontup) != list(names):
         raise RuntimeError("bulk insert expects positional parameters in column order")
-    return str(compiled)
+    if on_conflict == "error":
+        return str(compiled)
+    key = [column.name for column in table.primary_key.columns]
+    if on_conflict == "ignore":
+        action = "NOTHING"
+    else:
+        action = "UPDATE SET " + ", ".join(f"{name} = excluded.{name}" for name in names if name not in key)
+    return f"{compiled} ON CONFLICT ({', '.join(key)}) DO {action}"
 
 
 async def fetch(link: Link, statement: Any, params: dict[str, Any]) -> list[tuple[Any, ...]]:

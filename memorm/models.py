@@ -1,4 +1,4 @@
-"""The four tables: Agent, Session, Message, ArchivalPassage.
+"""The tables: Agent, Session, Message, ArchivalPassage, and the graph state of sessions.
 
 One metadata object ([`metadata`][memorm.models.metadata], with a naming convention so constraint
 names are stable across engines and migrations) serves SQLite and Postgres.
@@ -31,6 +31,10 @@ from memorm.types import JSONType, SearchWords, UTCDateTime, UUIDType, VectorTyp
 __all__ = [
     "AGENTS",
     "AGENT_NAMES",
+    "CHECKPOINTS",
+    "CHECKPOINT_BLOBS",
+    "CHECKPOINT_TABLES",
+    "CHECKPOINT_WRITES",
     "EMBEDDING_MODELS",
     "MESSAGES",
     "PASSAGES",
@@ -41,6 +45,9 @@ __all__ = [
     "AgentName",
     "ArchivalPassage",
     "EmbeddingModel",
+    "GraphBlob",
+    "GraphCheckpoint",
+    "GraphWrite",
     "MemormModel",
     "Message",
     "Role",
@@ -301,6 +308,84 @@ class EmbeddingModel(_Row, table=True):
     precision: str = Field(default="float32", sa_type=sa.String(8), nullable=False)
 
 
+# -- graph state (LangGraph's checkpoints; `memorm.compat.langgraph`) -----------------
+# A graph framework saves a graph's state after every step: a checkpoint (which
+# channel holds which version, which node saw what), the writes tasks made since
+# it, and each channel's value once per version (a blob), so a step that changes
+# one channel stores one value.  A graph's thread is a session of an agent: the
+# rows are the session's children (deleted, expired and owned with it).  Values
+# are opaque bytes with the name of the format that wrote them (`value_type`).
+# Writes have no key to their checkpoint: a framework may save them first.
+
+
+def _session_key(table: str) -> sa.ForeignKeyConstraint:
+    """`(tenant, session_id, agent_id)` -> the session; deleting the session deletes the row."""
+    return sa.ForeignKeyConstraint(
+        ["tenant", "session_id", "agent_id"],
+        ["sessions.tenant", "sessions.id", "sessions.agent_id"],
+        name=f"fk_{table}_session_id_sessions",
+        ondelete="CASCADE",
+    )
+
+
+class _SessionState(MemormModel):
+    """Columns every graph-state row starts with: its tenant, agent, session and (sub)graph namespace."""
+
+    # As on every table: no client-side default, a raw INSERT gets the unit of work's tenant.
+    tenant: str = Field(
+        default=DEFAULT_TENANT,
+        primary_key=True,
+        sa_type=sa.Text,
+        sa_column_kwargs={"server_default": CurrentTenant(), "default": None},
+    )
+    agent_id: uuid.UUID = Field(sa_type=UUIDType, primary_key=True)
+    session_id: uuid.UUID = Field(sa_type=UUIDType, primary_key=True)
+    # The (sub)graph the row belongs to: "" for the root graph.
+    checkpoint_ns: str = Field(default="", sa_type=sa.Text, primary_key=True)
+
+
+# One checkpoint of a session's graph state; `checkpoint_id`s sort in the order they were made.
+class GraphCheckpoint(_SessionState, table=True):
+    __tablename__ = "graph_checkpoints"
+    __table_args__ = (_session_key("graph_checkpoints"),)
+
+    checkpoint_id: str = Field(sa_type=sa.Text, primary_key=True)
+    parent_checkpoint_id: str | None = Field(default=None, sa_type=sa.Text)
+    # The checkpoint without its channel values (those are blobs), as its serializer wrote it.
+    value_type: str = Field(sa_type=sa.Text, nullable=False)
+    value: bytes = Field(sa_type=sa.LargeBinary, nullable=False)
+    # The checkpoint's metadata (JSON, filterable: source, step, run_id…).
+    meta: dict[str, Any] = Field(default_factory=_EMPTY, sa_type=JSONType, nullable=False)
+    created_at: datetime = Field(default_factory=_NOW, sa_type=UTCDateTime, nullable=False)
+
+
+# A write a task made after a checkpoint, before the next one (pending writes).
+class GraphWrite(_SessionState, table=True):
+    __tablename__ = "graph_writes"
+    __table_args__ = (_session_key("graph_writes"),)
+
+    checkpoint_id: str = Field(sa_type=sa.Text, primary_key=True)
+    task_id: str = Field(sa_type=sa.Text, primary_key=True)
+    # The write's place in its task's writes (negative for special channels: errors, interrupts).
+    idx: int = Field(primary_key=True, sa_type=sa.Integer, sa_column_kwargs={"autoincrement": False})
+    task_path: str = Field(default="", sa_type=sa.Text, nullable=False)
+    channel: str = Field(sa_type=sa.Text, nullable=False)
+    value_type: str = Field(sa_type=sa.Text, nullable=False)
+    value: bytes = Field(sa_type=sa.LargeBinary, nullable=False)
+
+
+# A channel's value at one version; checkpoints name the versions they hold.
+class GraphBlob(_SessionState, table=True):
+    __tablename__ = "graph_blobs"
+    __table_args__ = (_session_key("graph_blobs"),)
+
+    channel: str = Field(sa_type=sa.Text, primary_key=True)
+    version: str = Field(sa_type=sa.Text, primary_key=True)
+    # "empty" (and no value) for a channel that had no value at that version.
+    value_type: str = Field(sa_type=sa.Text, nullable=False)
+    value: bytes | None = Field(default=None, sa_type=sa.LargeBinary)
+
+
 # The tables behind the models, typed for Core statements (``AGENTS.c.name``).
 AGENTS: sa.Table = Agent.__table__  # type: ignore[attr-defined]
 SESSIONS: sa.Table = Session.__table__  # type: ignore[attr-defined]
@@ -308,6 +393,10 @@ MESSAGES: sa.Table = Message.__table__  # type: ignore[attr-defined]
 PASSAGES: sa.Table = ArchivalPassage.__table__  # type: ignore[attr-defined]
 EMBEDDING_MODELS: sa.Table = EmbeddingModel.__table__  # type: ignore[attr-defined]
 AGENT_NAMES: sa.Table = AgentName.__table__  # type: ignore[attr-defined]
+CHECKPOINTS: sa.Table = GraphCheckpoint.__table__  # type: ignore[attr-defined]
+CHECKPOINT_WRITES: sa.Table = GraphWrite.__table__  # type: ignore[attr-defined]
+CHECKPOINT_BLOBS: sa.Table = GraphBlob.__table__  # type: ignore[attr-defined]
+CHECKPOINT_TABLES: tuple[sa.Table, ...] = (CHECKPOINTS, CHECKPOINT_WRITES, CHECKPOINT_BLOBS)
 
 # Derived columns: the words full-text search indexes (``memorm.types.SearchWords``),
 # computed from the text on every write.  Table columns, not model fields: callers

@@ -8,20 +8,36 @@ connection without it sees no row and can write none.  Superusers and roles
 with `BYPASSRLS` are not subject to policies (Postgres' rule): they are for
 migrations and cross-tenant maintenance, never for the application
 (docs/tenancy.md).  Migration 0008 creates the same objects (its own frozen
-copy of these statements); `create_all` runs them too.
+copy of these statements), 0012 for the graph-state tables; `create_all` runs them too.
 """
 
 from __future__ import annotations
 
 import sqlalchemy as sa
 
-from memorm.models import AGENT_NAMES, AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS
+from memorm.models import (
+    AGENT_NAMES,
+    AGENTS,
+    CHECKPOINT_TABLES,
+    EMBEDDING_MODELS,
+    MESSAGES,
+    PASSAGES,
+    SESSIONS,
+)
 from memorm.tenancy import TENANT_SETTING
 
 __all__ = ["POLICY", "TENANT_TABLES", "policy_statements"]
 
 POLICY = "memorm_tenant"
-TENANT_TABLES: tuple[sa.Table, ...] = (AGENTS, AGENT_NAMES, SESSIONS, MESSAGES, PASSAGES, EMBEDDING_MODELS)
+TENANT_TABLES: tuple[sa.Table, ...] = (
+    AGENTS,
+    AGENT_NAMES,
+    SESSIONS,
+    MESSAGES,
+    PASSAGES,
+    EMBEDDING_MODELS,
+    *CHECKPOINT_TABLES,
+)
 _OWN = f"tenant = current_setting('{TENANT_SETTING}', true)"
 
 

@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from memorm.errors import ValidationError
-from memorm.models import AGENT_NAMES, AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS
+from memorm.models import (
+    AGENT_NAMES,
+    AGENTS,
+    CHECKPOINT_TABLES,
+    EMBEDDING_MODELS,
+    MESSAGES,
+    PASSAGES,
+    SESSIONS,
+)
 from memorm.progress import Reporter, Silent
 from memorm.search.fts_ddl import FTS_INDEXES
 from memorm.search.text import merge_deleted
@@ -32,7 +40,15 @@ __all__ = ["DELETE_BATCH", "create_role", "delete_tenant", "list_tenants"]
 
 DELETE_BATCH = 5_000  # rows per DELETE (and per transaction) in delete_tenant
 # Children first: each batch deletes rows no other row still points to.
-_DELETE_ORDER: tuple[sa.Table, ...] = (MESSAGES, PASSAGES, SESSIONS, EMBEDDING_MODELS, AGENTS)
+_DELETE_ORDER: tuple[sa.Table, ...] = (
+    MESSAGES,
+    *CHECKPOINT_TABLES,
+    PASSAGES,
+    SESSIONS,
+    EMBEDDING_MODELS,
+    AGENTS,
+)
+# The tables counted per tenant; the graph state goes with its sessions, uncounted.
 _TABLES: tuple[sa.Table, ...] = (AGENTS, EMBEDDING_MODELS, SESSIONS, MESSAGES, PASSAGES)
 
 
@@ -67,8 +83,9 @@ async def delete_tenant(
     entries go with their rows (on SQLite the index is merged, as by
     `forget`), and the in-process vector cache drops the tenant's matrices.
     Returns the rows deleted per table (with `dry_run`, the rows there are;
-    nothing changes).  Works with the application role: the units of work
-    are the tenant's own.
+    nothing changes); the graph-state tables (`memorm.models.GraphCheckpoint`…)
+    are emptied too, in batches of their own, and not counted.  Works with
+    the application role: the units of work are the tenant's own.
     """
     owner = check_tenant(tenant)
     size = check_int(batch, "batch", minimum=1, maximum=1_000_000)
@@ -85,16 +102,18 @@ async def delete_tenant(
     report = reporter or Silent()
     deleted = {table.name: 0 for table in _TABLES}
     for table in _DELETE_ORDER:
-        report.start(table.name, counts[table.name])
+        counted = table.name in counts
+        if counted:
+            report.start(table.name, counts[table.name])
         while True:
             async with view.unit_of_work() as uow:
-                doomed = sa.select(table.c.id).where(table.c.tenant == owner).limit(size).scalar_subquery()
-                statement = sa.delete(table).where(table.c.tenant == owner, table.c.id.in_(doomed))
+                statement = _delete_batch(table, owner, size)
                 with translating():
                     result = await uow.session.execute(statement)
                 done = int(result.rowcount)  # type: ignore[attr-defined]
-            deleted[table.name] += done
-            report.advance(table.name, done)
+            if counted:
+                deleted[table.name] += done
+                report.advance(table.name, done)
             if done < size:
                 break
     async with view.unit_of_work() as uow:  # the agents' names, with the agents gone
@@ -106,6 +125,14 @@ async def delete_tenant(
             for index in FTS_INDEXES:
                 await merge_deleted(uow.link, index)
     return deleted
+
+
+def _delete_batch(table: sa.Table, owner: str, size: int) -> sa.Delete:
+    """Delete up to `size` of the tenant's rows of `table`, found by their key."""
+    key = [table.c.id] if "id" in table.c else list(table.primary_key.columns)
+    doomed = sa.select(*key).where(table.c.tenant == owner).limit(size)
+    found = key[0].in_(doomed.scalar_subquery()) if len(key) == 1 else sa.tuple_(*key).in_(doomed)
+    return sa.delete(table).where(table.c.tenant == owner, found)
 
 
 SCRAM_ITERATIONS = 4096  # Postgres' own default (scram_iterations)
@@ -194,7 +221,7 @@ async def create_role(db: Database, role: str, *, password: str | None = None) -
             database = await connection.scalar(sa.text("SELECT current_database()"))
             await run("GRANT CONNECT ON DATABASE %I TO %I", database, name)
             await run("GRANT USAGE ON SCHEMA %I TO %I", schema, name)
-            for table in (*_TABLES, AGENT_NAMES):
+            for table in (*_TABLES, AGENT_NAMES, *CHECKPOINT_TABLES):
                 await run("GRANT SELECT, INSERT, UPDATE, DELETE ON %I.%I TO %I", schema, table.name, name)
             await run("GRANT SELECT ON %I.alembic_version TO %I", schema, name)
             await run(

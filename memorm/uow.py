@@ -1,4 +1,4 @@
-"""`UnitOfWork`: one connection, one transaction, all four repositories.
+"""`UnitOfWork`: one connection, one transaction, all the repositories.
 
 ```python
 async with db.unit_of_work() as uow:      # BEGIN
@@ -37,6 +37,7 @@ from memorm.errors import DatabaseError, MemormError, ValidationError
 from memorm.link import Link
 from memorm.repositories import (
     AgentRepository,
+    CheckpointRepository,
     MessageRepository,
     PassageRepository,
     SessionRepository,
@@ -62,6 +63,8 @@ class UnitOfWork:
         sessions: the agents' chat sessions.
         messages: the sessions' messages (recall memory).
         passages: the agents' archival passages and embedding models.
+        checkpoints: the graph state of the agents' sessions (LangGraph's checkpoints;
+            `memorm.compat.langgraph` uses it).
         session: a SQLAlchemy `AsyncSession` on the unit of work's connection and
             transaction, for queries of your own (made on first use).
     """
@@ -70,6 +73,7 @@ class UnitOfWork:
     sessions: SessionRepository
     messages: MessageRepository
     passages: PassageRepository
+    checkpoints: CheckpointRepository
 
     def __init__(self, db: Database, *, tenant: str | None = DEFAULT_TENANT, read_only: bool = False) -> None:
         self.db = db
@@ -200,6 +204,7 @@ class UnitOfWork:
         self.sessions = SessionRepository(link, tenant)
         self.messages = MessageRepository(link, tenant, token_counter=db.token_counter)
         self.passages = PassageRepository(link, tenant, cache=db.vector_cache)
+        self.checkpoints = CheckpointRepository(link, tenant)
 
     async def _checkout(self, engine: AsyncEngine, *, connect: bool) -> None:
         # Kept on self at once: a cancellation raised after a protected check-out

@@ -61,6 +61,9 @@ async def test_distribute_is_idempotent_and_puts_every_table_in_place(citus_url:
         "sessions": "agent_id",
         "messages": "agent_id",
         "archival_passages": "agent_id",
+        "graph_checkpoints": "agent_id",
+        "graph_writes": "agent_id",
+        "graph_blobs": "agent_id",
     }
 
 
@@ -153,6 +156,9 @@ def test_the_distribute_command_prints_what_it_did_and_is_safe_to_rerun(
         "sessions: distributed by agent_id",
         "messages: distributed by agent_id",
         "archival_passages: distributed by agent_id",
+        "graph_checkpoints: distributed by agent_id",
+        "graph_writes: distributed by agent_id",
+        "graph_blobs: distributed by agent_id",
     ]
     assert main(["db", "distribute", "--url", citus_url]) == 0
     assert capsys.readouterr().out == "already distributed: nothing to do\n"
@@ -299,6 +305,7 @@ async def test_migrations_run_on_the_distributed_tables(cluster: Database, citus
     assert len(await shard_indexes()) == len(shards)
     await cluster.upgrade()
     assert sorted(await shard_indexes()) == sorted(shards)
+    assert await is_distributed(cluster)  # 0012's tables too, made distributed by the migration
     async with Database(citus_url) as db:  # a new Database checks the schema: at head
         async with db.unit_of_work(read_only=True) as uow:
             assert [await uow.messages.count(chat) for chat in chats] == [3] * 12

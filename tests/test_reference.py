@@ -24,7 +24,13 @@ import pytest
 
 import memorm
 from memorm.db import Database
-from memorm.repositories import AgentRepository, MessageRepository, PassageRepository, SessionRepository
+from memorm.repositories import (
+    AgentRepository,
+    CheckpointRepository,
+    MessageRepository,
+    PassageRepository,
+    SessionRepository,
+)
 from memorm.uow import UnitOfWork
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +42,7 @@ DOCUMENTED = {
     SessionRepository: "memorm.repositories.SessionRepository",
     MessageRepository: "memorm.repositories.MessageRepository",
     PassageRepository: "memorm.repositories.PassageRepository",
+    CheckpointRepository: "memorm.repositories.CheckpointRepository",
     Database: "memorm.db.Database",
     UnitOfWork: "memorm.uow.UnitOfWork",
 }

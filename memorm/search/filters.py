@@ -17,6 +17,7 @@ not `"1"`; `True` is not `1`).  Postgres uses jsonb containment
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from datetime import datetime
@@ -32,7 +33,7 @@ from memorm.validation import check_aware, check_json
 if TYPE_CHECKING:
     from memorm.link import Link
 
-__all__ = ["Filter", "compile_filter", "filter_conditions"]
+__all__ = ["Filter", "check_json_keys", "compile_filter", "filter_conditions", "json_key_conditions"]
 
 Filter = Mapping[str, Any]
 
@@ -94,6 +95,41 @@ def compile_filter(dialect: str, table: sa.Table, where: Filter | None) -> list[
 async def filter_conditions(link: Link, table: sa.Table, where: Filter | None) -> list[ColumnElement[bool]]:
     """`compile_filter` for the database of the unit of work's connection (`link`)."""
     return compile_filter(link.dialect.name, table, where)
+
+
+def check_json_keys(where: object, field: str) -> Filter:
+    """`where`, checked for `json_key_conditions`: a dict of meta-like keys to JSON values."""
+    if not isinstance(where, Mapping):
+        raise ValidationError(f"{field}: expected a dict, got {type(where).__name__}")
+    for key, value in where.items():
+        if not isinstance(key, str) or not _KEY.match(key):
+            raise ValidationError(f"{field}: key {key!r} must be 1-64 letters, digits, '_' or '-'")
+        check_json(value, f"{field}.{key}")
+    return where
+
+
+def json_key_conditions(
+    link: Link, column: sa.Column[Any], where: Filter, field: str
+) -> list[ColumnElement[bool]]:
+    """Conditions that `column` (a JSON object) holds each key of `where` with its value.
+
+    Any JSON value compares: scalars by value and JSON type, as `where=`
+    filters do; objects and lists by containment on Postgres (`@>`), by
+    their compact JSON text on SQLite.  Keys are as meta keys are.
+    """
+    dialect = link.dialect.name
+    conditions: list[ColumnElement[bool]] = []
+    for key, value in check_json_keys(where, field).items():
+        if not isinstance(value, (Mapping, list, tuple)) or dialect == "postgresql":
+            conditions.append(_equals(dialect, column, key, value))
+            continue
+        path = f'$."{key}"'
+        compact = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        kind = "object" if isinstance(value, Mapping) else "array"
+        conditions.append(
+            sa.and_(sa.func.json_type(column, path) == kind, sa.func.json_extract(column, path) == compact)
+        )
+    return conditions
 
 
 def _check_scalar(value: Any, key: str) -> None:

@@ -1,0 +1,627 @@
+"""LangGraph on memorm: a checkpointer (extra `langgraph`).
+
+[`MemormSaver`][memorm.compat.langgraph.MemormSaver] keeps a graph's
+checkpoints, pending writes and channel values in memorm's tables, beside
+the agents, sessions and messages:
+
+```python
+from memorm.compat.langgraph import MemormSaver
+
+graph = builder.compile(checkpointer=MemormSaver(db, agent=agent.id))
+graph.invoke(inputs, {"configurable": {"thread_id": "user-42"}})
+```
+
+A LangGraph thread is a memorm session of the saver's agent: the thread id
+is the session's key (`uow.sessions.get_or_create(agent, thread_id)`), made
+by the first checkpoint.  So deleting the session (or its agent), its
+expiry (`ttl`, `purge_expired`), and its tenant (`db.for_tenant`) cover the
+graph's state too.  Values are serialized by LangGraph's own serializer
+(`self.serde`, msgpack; a serializer with a pickle fallback is refused), and
+stored as memorm sees them: opaque bytes.
+
+Importing `memorm` never imports LangGraph; only this module does.
+"""
+
+from __future__ import annotations
+
+import builtins
+import random
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from datetime import timedelta
+from typing import Any, cast
+
+import anyio
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_serializable_checkpoint_metadata,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from memorm.compat._sync import BRIDGE
+from memorm.db import Database
+from memorm.errors import DatabaseError, ValidationError
+from memorm.models import Agent
+from memorm.repositories.checkpoints import CheckpointKey, StoredCheckpoint, StoredWrite, Value
+from memorm.search.filters import check_json_keys
+from memorm.uow import UnitOfWork
+from memorm.validation import MAX_COUNT, as_uuid, check_duration, check_int, check_name
+
+__all__ = ["PAGE", "MemormSaver", "copy_checkpoints"]
+
+PAGE = 100
+"""Checkpoints read per query when listing."""
+
+_EMPTY = "empty"  # a channel that had no value at a version (LangGraph's savers use the same tag)
+_LARGE = 64 * 1024  # bytes of values above which (de)serializing moves to a worker thread
+
+
+_Loaded = list[tuple[StoredCheckpoint, Checkpoint, dict[tuple[str, str], Value], list[StoredWrite]]]
+"""Checkpoints as read, with their channel values and pending writes."""
+
+
+class _Thread:
+    """Where a config points: its thread (a session key), namespace and checkpoint id, checked."""
+
+    __slots__ = ("checkpoint_id", "key", "ns", "thread_id")
+
+    def __init__(self, config: object, *, field: str = "config") -> None:
+        configurable = config.get("configurable") if isinstance(config, Mapping) else None
+        if not isinstance(configurable, Mapping):
+            raise ValidationError(f"{field}: expected a RunnableConfig with a 'configurable' dict")
+        thread = configurable.get("thread_id")
+        if isinstance(thread, bool) or not isinstance(thread, (str, int, uuid.UUID)):
+            raise ValidationError(f"{field}: configurable.thread_id must be a string (or an int or a UUID)")
+        self.thread_id: Any = thread
+        self.key = _key(thread, f"{field}.configurable.thread_id")
+        ns = configurable.get("checkpoint_ns", "")
+        if not isinstance(ns, str):
+            raise ValidationError(f"{field}: configurable.checkpoint_ns must be a string")
+        self.ns: str = ns
+        checkpoint = configurable.get("checkpoint_id")
+        if checkpoint is not None and not isinstance(checkpoint, str):
+            raise ValidationError(f"{field}: configurable.checkpoint_id must be a string")
+        self.checkpoint_id: str | None = checkpoint or None
+
+    def config(self, checkpoint_id: str) -> RunnableConfig:
+        return {
+            "configurable": {
+                "thread_id": self.thread_id,
+                "checkpoint_ns": self.ns,
+                "checkpoint_id": checkpoint_id,
+            }
+        }
+
+
+def _key(thread: object, field: str) -> str:
+    if isinstance(thread, bool) or not isinstance(thread, (str, int, uuid.UUID)):
+        raise ValidationError(f"{field}: a thread id is a string (or an int or a UUID)")
+    return check_name(str(thread), field, blank=True)
+
+
+def _threads(thread_ids: object, field: str) -> list[str]:
+    if isinstance(thread_ids, (str, bytes)) or not isinstance(thread_ids, Sequence):
+        raise ValidationError(f"{field}: expected a list of thread ids, not {type(thread_ids).__name__}")
+    return [_key(thread, f"{field}[{index}]") for index, thread in enumerate(thread_ids)]
+
+
+class MemormSaver(BaseCheckpointSaver[str]):
+    """A LangGraph checkpointer over a memorm [`Database`][memorm.db.Database].
+
+    Args:
+        db: the shared database (a [`for_tenant`][memorm.db.Database.for_tenant]
+            view keeps the graphs' state in that tenant).  The saver holds no
+            connection: each call is one unit of work.
+        agent: the memorm agent (or its id) whose sessions the threads are.
+            One saver serves one agent; make one per agent (they are cheap).
+        serde: LangGraph's serializer (default: `JsonPlusSerializer`, msgpack).
+            One with a pickle fallback is refused: memorm stores no pickle.
+        ttl: a `timedelta` or seconds: every checkpoint moves the thread's
+            session expiry to `ttl` from then, so a thread idle that long is
+            deleted, with its state, by the next `purge_expired`.  Without
+            it, the agent's `retention` applies to new sessions, if any.
+
+    It implements LangGraph's whole `BaseCheckpointSaver`: `aput`,
+    `aput_writes`, `aget_tuple`, `alist` (`filter` on metadata, `before`,
+    `limit`), `adelete_thread`, `adelete_for_runs`, `acopy_thread` and
+    `aprune`, and the sync methods, which run on memorm's sync loop (see
+    `memorm.compat.langchain`), so a sync graph (`graph.invoke`) works
+    from any thread.  Bad input raises `memorm.errors.ValidationError`; an
+    unknown agent `NotFoundError` on the first write.  `adelete_thread`
+    deletes the graph's state and keeps the session (and any messages other
+    code keeps in it); deleting the session deletes both.
+
+    Example:
+        ```python
+        saver = MemormSaver(db, agent=agent.id)
+        graph = builder.compile(checkpointer=saver)
+        await graph.ainvoke({"messages": [...]}, {"configurable": {"thread_id": "t-1"}})
+        ```
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        agent: Agent | uuid.UUID | str,
+        serde: SerializerProtocol | None = None,
+        ttl: timedelta | float | None = None,
+    ) -> None:
+        if getattr(serde, "pickle_fallback", False) or getattr(
+            getattr(serde, "serde", None), "pickle_fallback", False
+        ):
+            raise ValidationError(
+                "serde: a serializer with a pickle fallback is refused (memorm stores no pickle)"
+            )
+        super().__init__(serde=serde)
+        if not isinstance(db, Database):
+            raise ValidationError(f"db: expected a memorm Database, got {type(db).__name__}")
+        self.db = db
+        self.agent_id = as_uuid(agent.id if isinstance(agent, Agent) else agent, "agent")
+        self.ttl = None if ttl is None else check_duration(ttl, "ttl")
+
+    def __repr__(self) -> str:
+        return f"MemormSaver(agent={self.agent_id})"
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """The channel's next version: a counter, padded to sort as text, and a random tail."""
+        number = 0 if current is None else int(str(current).split(".")[0])
+        return f"{number + 1:032}.{random.random():016}"  # noqa: S311 (not a secret: ties between forks)
+
+    # -- async ------------------------------------------------------------------
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint `config` names (the thread's newest without a `checkpoint_id`), or None."""
+        where = _Thread(config)
+        async with self.db.unit_of_work(read_only=True) as uow:
+            chat = await uow.sessions.get_by_key(self.agent_id, where.key)
+            if chat is None:
+                return None
+            found = await uow.checkpoints.list(
+                self.agent_id, chat.id, checkpoint_ns=where.ns, checkpoint_id=where.checkpoint_id, limit=1
+            )
+            loaded = await self._complete(uow, found)
+        tuples = await self._tuples(loaded, {chat.id: where.thread_id})
+        return tuples[0] if tuples else None
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """The checkpoints matching, newest first, read `PAGE` at a time.
+
+        `config` narrows to a thread (and its namespace and checkpoint id,
+        when given); None lists every thread of the agent.  `filter` keeps
+        checkpoints whose metadata holds each key with its value; `before`,
+        those older than its checkpoint; `limit`, the first so many.
+        """
+        query = _Listing(config, filter, before, limit)
+        while not query.done:
+            for item in await self._page(self.db, query):
+                yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Store a checkpoint and the channel values new in it; the config that names it."""
+        where, stored, blobs = await self._dump_checkpoint(config, checkpoint, metadata, new_versions)
+        await self._put(self.db, where, stored, blobs)
+        return where.config(checkpoint["id"])
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Store a task's writes after the checkpoint `config` names."""
+        where, rows, replace = await self._dump_writes(config, writes, task_id, task_path)
+        await self._put_writes(self.db, where, rows, replace)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """Delete a thread's checkpoints, writes and values (its memorm session stays)."""
+        await self._delete_thread(self.db, _key(thread_id, "thread_id"))
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the agent's checkpoints made by these runs (metadata `run_id`), with their writes."""
+        await self._delete_runs(self.db, _run_ids(run_ids))
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint, write and value of a thread into another (made if new)."""
+        source, target = (
+            _key(source_thread_id, "source_thread_id"),
+            _key(target_thread_id, "target_thread_id"),
+        )
+        await self._copy_thread(self.db, source, target)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Prune threads: `"keep_latest"` keeps each namespace's newest checkpoint, `"delete"` nothing.
+
+        A kept checkpoint keeps its writes and the channel values it holds.
+        A thread whose graph uses a `DeltaChannel` (its checkpoints count
+        updates since a snapshot) cannot lose its history: `keep_latest`
+        refuses it (`ValidationError`), as LangGraph's Postgres saver does.
+        """
+        threads = _threads(thread_ids, "thread_ids")
+        if strategy not in ("keep_latest", "delete"):
+            raise ValidationError(f"strategy: expected 'keep_latest' or 'delete', got {strategy!r}")
+        for thread in threads:
+            await self._prune(self.db, thread, strategy)
+
+    # -- sync: on memorm's sync loop (memorm.compat._sync) ------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """`aget_tuple` for sync code."""
+        return BRIDGE.run(self.db, lambda _: self.aget_tuple(config))
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """`alist` for sync code: a page at a time, each read on memorm's sync loop."""
+        query = _Listing(config, filter, before, limit)
+        while not query.done:
+            yield from BRIDGE.run(self.db, lambda db: self._page(db, query))
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """`aput` for sync code."""
+        return BRIDGE.run(self.db, lambda _: self.aput(config, checkpoint, metadata, new_versions))
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """`aput_writes` for sync code."""
+        BRIDGE.run(self.db, lambda _: self.aput_writes(config, writes, task_id, task_path))
+
+    def delete_thread(self, thread_id: str) -> None:
+        """`adelete_thread` for sync code."""
+        BRIDGE.run(self.db, lambda _: self.adelete_thread(thread_id))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """`adelete_for_runs` for sync code."""
+        BRIDGE.run(self.db, lambda _: self.adelete_for_runs(run_ids))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """`acopy_thread` for sync code."""
+        BRIDGE.run(self.db, lambda _: self.acopy_thread(source_thread_id, target_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """`aprune` for sync code."""
+        BRIDGE.run(self.db, lambda _: self.aprune(thread_ids, strategy=strategy))
+
+    # -- the work -------------------------------------------------------------------
+
+    async def _page(self, db: Database, query: _Listing) -> builtins.list[CheckpointTuple]:
+        """The next page of a listing; marks the listing done after its last page."""
+        size = PAGE if query.left is None else min(PAGE, query.left)
+        async with db.unit_of_work(read_only=True) as uow:
+            session = None
+            if query.where is not None:
+                chat = await uow.sessions.get_by_key(self.agent_id, query.where.key)
+                if chat is None:
+                    query.done = True
+                    return []
+                session = chat.id
+            found = await uow.checkpoints.list(
+                self.agent_id,
+                session,
+                checkpoint_ns=None if query.where is None or query.ns_any else query.where.ns,
+                checkpoint_id=None if query.where is None else query.where.checkpoint_id,
+                meta=query.filter,
+                before=query.before,
+                after=query.after,
+                limit=size,
+            )
+            loaded = await self._complete(uow, found)
+        if len(found) < size or (query.left is not None and query.left <= len(found)):
+            query.done = True
+        if found:
+            query.after = found[-1].key
+        if query.left is not None:
+            query.left -= len(found)
+        threads = (
+            {} if query.where is None else {stored.key.session_id: query.where.thread_id for stored in found}
+        )
+        return await self._tuples(loaded, threads)
+
+    async def _complete(self, uow: UnitOfWork, found: builtins.list[StoredCheckpoint]) -> _Loaded:
+        """The checkpoints with their channel values and pending writes, read in this unit of work."""
+        checkpoints = [self._load(stored.value, "a checkpoint") for stored in found]
+        writes = await uow.checkpoints.writes(self.agent_id, [stored.key for stored in found])
+        groups: dict[tuple[uuid.UUID, str], set[tuple[str, str]]] = {}
+        for stored, checkpoint in zip(found, checkpoints, strict=True):
+            versions = checkpoint.get("channel_versions") or {}
+            wanted = groups.setdefault((stored.key.session_id, stored.key.checkpoint_ns), set())
+            wanted.update((channel, str(version)) for channel, version in versions.items())
+        values: dict[tuple[uuid.UUID, str], dict[tuple[str, str], Value]] = {}
+        for (session, ns), wanted in groups.items():
+            values[session, ns] = await uow.checkpoints.blobs(self.agent_id, session, ns, wanted)
+        return [
+            (stored, checkpoint, values[stored.key.session_id, stored.key.checkpoint_ns], writes[stored.key])
+            for stored, checkpoint in zip(found, checkpoints, strict=True)
+        ]
+
+    async def _tuples(
+        self,
+        loaded: _Loaded,
+        threads: Mapping[uuid.UUID, Any],
+    ) -> builtins.list[CheckpointTuple]:
+        size = sum(len(value or b"") for _, _, blobs, _ in loaded for _, value in blobs.values())
+        size += sum(len(write.value[1] or b"") for *_, writes in loaded for write in writes)
+        if size > _LARGE:
+            return await anyio.to_thread.run_sync(self._build, loaded, threads)
+        return self._build(loaded, threads)
+
+    def _build(
+        self,
+        loaded: _Loaded,
+        threads: Mapping[uuid.UUID, Any],
+    ) -> builtins.list[CheckpointTuple]:
+        tuples = []
+        for stored, checkpoint, blobs, writes in loaded:
+            session, ns, checkpoint_id = stored.key
+            thread = threads.get(session, stored.session_key)
+            values = {}
+            for channel, version in (checkpoint.get("channel_versions") or {}).items():
+                value = blobs.get((channel, str(version)))
+                if value is not None and value[0] != _EMPTY:
+                    values[channel] = self._load(value, f"channel {channel!r}")
+            config: RunnableConfig = {
+                "configurable": {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
+            }
+            parent: RunnableConfig | None = None
+            if stored.parent_checkpoint_id:
+                parent = {
+                    "configurable": {
+                        "thread_id": thread,
+                        "checkpoint_ns": ns,
+                        "checkpoint_id": stored.parent_checkpoint_id,
+                    }
+                }
+            pending = [
+                (w.task_id, w.channel, self._load(w.value, f"a write to {w.channel!r}")) for w in writes
+            ]
+            full = cast(Checkpoint, {**checkpoint, "channel_values": values})
+            tuples.append(
+                CheckpointTuple(config, full, cast(CheckpointMetadata, stored.meta), parent, pending)
+            )
+        return tuples
+
+    def _load(self, value: Value, what: str) -> Any:
+        kind, data = value
+        try:
+            return self.serde.loads_typed((kind, data or b""))
+        except Exception as error:  # the serializer's own errors, whichever they are
+            raise DatabaseError(f"{what} stored as {kind!r} could not be read: {error}") from error
+
+    def _dump(self, value: Any, what: str) -> tuple[str, bytes]:
+        try:
+            return self.serde.dumps_typed(value)
+        except Exception as error:  # msgpack's TypeError for an object it cannot encode, and the like
+            raise ValidationError(f"{what}: LangGraph's serializer cannot store it: {error}") from error
+
+    async def _dump_checkpoint(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> tuple[_Thread, StoredCheckpoint, dict[tuple[str, str], Value]]:
+        where = _Thread(config)
+        if (
+            not isinstance(checkpoint, Mapping)
+            or not isinstance(checkpoint.get("id"), str)
+            or not checkpoint["id"]
+        ):
+            raise ValidationError("checkpoint: expected a Checkpoint dict with a non-empty string 'id'")
+        if not isinstance(new_versions, Mapping):
+            raise ValidationError(f"new_versions: expected a dict, got {type(new_versions).__name__}")
+        if not isinstance(metadata, Mapping):
+            raise ValidationError(f"metadata: expected a dict, got {type(metadata).__name__}")
+        values = checkpoint.get("channel_values") or {}
+        bare = {**checkpoint, "channel_values": {}}
+        meta = dict(get_serializable_checkpoint_metadata(config, metadata))
+
+        def dump() -> tuple[tuple[str, bytes], dict[tuple[str, str], Value]]:
+            blobs: dict[tuple[str, str], Value] = {}
+            for channel, version in new_versions.items():
+                blobs[channel, str(version)] = (
+                    self._dump(values[channel], f"channel {channel!r}")
+                    if channel in values
+                    else (_EMPTY, None)
+                )
+            return self._dump(bare, "checkpoint"), blobs
+
+        value, blobs = await anyio.to_thread.run_sync(dump)
+        key = CheckpointKey(uuid.UUID(int=0), where.ns, checkpoint["id"])  # the session is known once stored
+        return where, StoredCheckpoint(key, where.checkpoint_id, value, meta), blobs
+
+    async def _dump_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
+    ) -> tuple[_Thread, builtins.list[StoredWrite], bool]:
+        where = _Thread(config)
+        if where.checkpoint_id is None:
+            raise ValidationError(
+                "config: writes belong to a checkpoint: configurable.checkpoint_id is missing"
+            )
+        task = check_name(task_id, "task_id", blank=True)
+        if not isinstance(task_path, str):
+            raise ValidationError("task_path: expected a string")
+        items = list(writes) if isinstance(writes, Sequence) and not isinstance(writes, str) else None
+        if items is None or any(not isinstance(w, (tuple, list)) or len(w) != 2 for w in items):
+            raise ValidationError("writes: expected a list of (channel, value) pairs")
+        check_int(len(items), "writes", minimum=0, maximum=MAX_COUNT)
+        for channel, _ in items:
+            if not isinstance(channel, str):
+                raise ValidationError(f"writes: a channel is a string, got {type(channel).__name__}")
+
+        def dump() -> builtins.list[StoredWrite]:
+            return [
+                StoredWrite(
+                    task,
+                    channel,
+                    self._dump(value, f"write to {channel!r}"),
+                    task_path,
+                    WRITES_IDX_MAP.get(channel, idx),
+                )
+                for idx, (channel, value) in enumerate(items)
+            ]
+
+        rows = await anyio.to_thread.run_sync(dump)
+        return where, rows, all(channel in WRITES_IDX_MAP for channel, _ in items)
+
+    async def _session(self, uow: UnitOfWork, key: str) -> uuid.UUID:
+        """The thread's session, made on its first write (its expiry moved when the saver has a `ttl`)."""
+        chat = await uow.sessions.get_or_create(self.agent_id, key, ttl=self.ttl)
+        if self.ttl is not None:
+            await uow.sessions.touch(chat.id, ttl=self.ttl)
+        return chat.id
+
+    async def _put(
+        self, db: Database, where: _Thread, stored: StoredCheckpoint, blobs: dict[tuple[str, str], Value]
+    ) -> None:
+        async with db.unit_of_work() as uow:
+            session = await self._session(uow, where.key)
+            key = stored.key._replace(session_id=session)
+            await uow.checkpoints.put(self.agent_id, stored._replace(key=key), blobs)
+
+    async def _put_writes(
+        self, db: Database, where: _Thread, rows: builtins.list[StoredWrite], replace: bool
+    ) -> None:
+        if not rows:
+            return
+        assert where.checkpoint_id is not None
+        async with db.unit_of_work() as uow:
+            session = await self._session(uow, where.key)
+            key = CheckpointKey(session, where.ns, where.checkpoint_id)
+            await uow.checkpoints.put_writes(self.agent_id, key, rows, replace=replace)
+
+    async def _delete_thread(self, db: Database, key: str) -> None:
+        async with db.unit_of_work() as uow:
+            chat = await uow.sessions.get_by_key(self.agent_id, key)
+            if chat is not None:
+                await uow.checkpoints.delete_session(self.agent_id, chat.id)
+
+    async def _delete_runs(self, db: Database, run_ids: builtins.list[str]) -> None:
+        if run_ids:
+            async with db.unit_of_work() as uow:
+                await uow.checkpoints.delete_runs(self.agent_id, run_ids)
+
+    async def _copy_thread(self, db: Database, source: str, target: str) -> None:
+        async with db.unit_of_work() as uow:
+            chat = await uow.sessions.get_by_key(self.agent_id, source)
+            if chat is None:
+                return  # nothing to copy: the target is left as it is
+            into = await self._session(uow, target)
+            if into != chat.id:
+                await uow.checkpoints.copy_session(self.agent_id, chat.id, into)
+
+    async def _prune(self, db: Database, thread: str, strategy: str) -> None:
+        async with db.unit_of_work() as uow:
+            chat = await uow.sessions.get_by_key(self.agent_id, thread)
+            if chat is None:
+                return
+            if strategy == "delete":
+                await uow.checkpoints.delete_session(self.agent_id, chat.id)
+                return
+            keep: dict[str, tuple[str, builtins.list[tuple[str, str]]]] = {}
+            for head in await uow.checkpoints.heads(self.agent_id, chat.id):
+                if "counters_since_delta_snapshot" in head.meta:
+                    raise ValidationError(
+                        f"thread {thread!r} uses a DeltaChannel: keep_latest would lose its history"
+                    )
+                versions = (self._load(head.value, "a checkpoint").get("channel_versions") or {}).items()
+                keep[head.key.checkpoint_ns] = (
+                    head.key.checkpoint_id,
+                    [(channel, str(version)) for channel, version in versions],
+                )
+            await uow.checkpoints.prune(self.agent_id, chat.id, keep)
+
+
+async def copy_checkpoints(
+    source: BaseCheckpointSaver[Any], target: MemormSaver, config: RunnableConfig | None = None
+) -> int:
+    """Copy the checkpoints (with their writes) of another LangGraph saver into a `MemormSaver`.
+
+    The way from `langgraph-checkpoint-sqlite` or `-postgres` to memorm:
+    every checkpoint `source.alist(config)` gives (all threads when
+    `config` is None) is stored by `target` under the same thread, namespace
+    and id, with its parent, metadata, channel values and pending writes.
+    Copying again stores nothing new.  Returns the checkpoints copied.
+    """
+    copied = 0
+    async for item in source.alist(config):
+        where = dict(item.config["configurable"])
+        parent = (item.parent_config or {}).get("configurable", {}).get("checkpoint_id")
+        put_config: RunnableConfig = {"configurable": {**where, "checkpoint_id": parent}}
+        checkpoint = item.checkpoint
+        stored = await target.aput(
+            put_config, checkpoint, item.metadata, dict(checkpoint["channel_versions"])
+        )
+        by_task: dict[str, builtins.list[tuple[str, Any]]] = {}
+        for task_id, channel, value in item.pending_writes or ():
+            by_task.setdefault(task_id, []).append((channel, value))
+        for task_id, writes in by_task.items():
+            await target.aput_writes(stored, writes, task_id)
+        copied += 1
+    return copied
+
+
+class _Listing:
+    """A listing's arguments, checked, and where its paging stands."""
+
+    def __init__(
+        self,
+        config: RunnableConfig | None,
+        filter: dict[str, Any] | None,
+        before: RunnableConfig | None,
+        limit: int | None,
+    ) -> None:
+        self.where = None if config is None else _Thread(config)
+        # A config without a namespace lists every namespace of the thread.
+        self.ns_any = config is not None and "checkpoint_ns" not in (config.get("configurable") or {})
+        self.filter = None if filter is None else dict(check_json_keys(filter, "filter")) or None
+        self.before = None if before is None else _Thread(before, field="before").checkpoint_id
+        self.left = None if limit is None else check_int(limit, "limit", minimum=0, maximum=2**62)
+        self.after: CheckpointKey | None = None
+        self.done = self.left == 0
+
+
+def _run_ids(run_ids: object) -> list[str]:
+    if isinstance(run_ids, (str, bytes)) or not isinstance(run_ids, Sequence):
+        raise ValidationError(f"run_ids: expected a list of run ids, not {type(run_ids).__name__}")
+    found = []
+    for index, run in enumerate(run_ids):
+        if not isinstance(run, (str, uuid.UUID)):
+            raise ValidationError(f"run_ids[{index}]: expected a string, got {type(run).__name__}")
+        found.append(str(run))
+    return found

@@ -1,0 +1,360 @@
+"""`uow.checkpoints`: the graph state of an agent's sessions (checkpoints, pending writes, channel values).
+
+The rows a graph framework saves after every step (`memorm.compat.langgraph`
+for LangGraph): memorm stores them and finds them, and leaves their values
+opaque, bytes with the name of their format.  Every call names the agent,
+and every session-scoped call the session, so it stays on one shard of a
+distributed database.
+"""
+
+from __future__ import annotations
+
+import builtins
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import sqlalchemy as sa
+from sqlalchemy.sql import ColumnElement
+
+from memorm.driver import insert_rows
+from memorm.models import CHECKPOINT_BLOBS, CHECKPOINT_TABLES, CHECKPOINT_WRITES, CHECKPOINTS, SESSIONS
+from memorm.repositories.base import Repository
+from memorm.search.filters import json_key_conditions
+from memorm.types import UUIDType, utcnow
+from memorm.validation import MAX_PAGE, as_uuid, check_int, check_json_object
+
+__all__ = ["CheckpointKey", "CheckpointRepository", "StoredCheckpoint", "StoredWrite"]
+
+Value = tuple[str, bytes | None]
+"""A stored value: the name of its format and its bytes (None for a channel with no value)."""
+
+
+class CheckpointKey(NamedTuple):
+    """Where a checkpoint is: its session, (sub)graph namespace and id."""
+
+    session_id: uuid.UUID
+    checkpoint_ns: str
+    checkpoint_id: str
+
+
+class StoredCheckpoint(NamedTuple):
+    """A checkpoint as stored: its key, parent, serialized value and metadata, and its session's key."""
+
+    key: CheckpointKey
+    parent_checkpoint_id: str | None
+    value: Value
+    meta: dict[str, Any]
+    session_key: str | None = None
+
+
+class StoredWrite(NamedTuple):
+    """A pending write as stored."""
+
+    task_id: str
+    channel: str
+    value: Value
+    task_path: str
+    idx: int
+
+
+_CHECKPOINT_COLUMNS = (
+    "tenant",
+    "agent_id",
+    "session_id",
+    "checkpoint_ns",
+    "checkpoint_id",
+    "parent_checkpoint_id",
+    "value_type",
+    "value",
+    "meta",
+    "created_at",
+)
+_WRITE_COLUMNS = (
+    "tenant",
+    "agent_id",
+    "session_id",
+    "checkpoint_ns",
+    "checkpoint_id",
+    "task_id",
+    "idx",
+    "task_path",
+    "channel",
+    "value_type",
+    "value",
+)
+_BLOB_COLUMNS = (
+    "tenant",
+    "agent_id",
+    "session_id",
+    "checkpoint_ns",
+    "channel",
+    "version",
+    "value_type",
+    "value",
+)
+_KEY = (CHECKPOINTS.c.session_id, CHECKPOINTS.c.checkpoint_ns, CHECKPOINTS.c.checkpoint_id)
+_LISTED = (*_KEY, CHECKPOINTS.c.parent_checkpoint_id, CHECKPOINTS.c.value_type, CHECKPOINTS.c.value)
+_NEWEST_FIRST = tuple(column.desc() for column in (CHECKPOINTS.c.checkpoint_id, *_KEY[:2]))
+
+
+_IN_SESSION = sa.and_(
+    SESSIONS.c.tenant == CHECKPOINTS.c.tenant,
+    SESSIONS.c.id == CHECKPOINTS.c.session_id,
+    SESSIONS.c.agent_id == CHECKPOINTS.c.agent_id,
+)
+
+
+def _stored(row: Any) -> StoredCheckpoint:
+    session, ns, checkpoint, parent, kind, value, meta, key = row
+    return StoredCheckpoint(CheckpointKey(session, ns, checkpoint), parent, (kind, value), meta, key)
+
+
+class CheckpointRepository(Repository):
+    """Checkpoints, pending writes and channel values of an agent's sessions (a graph's threads)."""
+
+    def _agent(self, table: sa.Table, agent_id: uuid.UUID | str) -> list[ColumnElement[bool]]:
+        return [*self._own(table), table.c.agent_id == as_uuid(agent_id, "agent_id")]
+
+    def _session(
+        self, table: sa.Table, agent_id: uuid.UUID | str, session_id: uuid.UUID | str
+    ) -> list[ColumnElement[bool]]:
+        return [*self._agent(table, agent_id), table.c.session_id == as_uuid(session_id, "session_id")]
+
+    async def put(
+        self,
+        agent_id: uuid.UUID | str,
+        checkpoint: StoredCheckpoint,
+        blobs: Mapping[tuple[str, str], Value],
+    ) -> None:
+        """Store a checkpoint (replacing one under its key) and channel values new with it.
+
+        `blobs` maps `(channel, version)` to its value; a value already stored
+        for that version of the channel is kept.
+        """
+        owner, agent = self._owner, as_uuid(agent_id, "agent_id")
+        session, ns, checkpoint_id = checkpoint.key
+        rows = [
+            (owner, agent, session, ns, channel, version, kind, value)
+            for (channel, version), (kind, value) in blobs.items()
+        ]
+        await insert_rows(self.link, CHECKPOINT_BLOBS, _BLOB_COLUMNS, rows, on_conflict="ignore")
+        kind, value = checkpoint.value
+        meta = check_json_object(checkpoint.meta, "metadata")
+        row = (owner, agent, session, ns, checkpoint_id, checkpoint.parent_checkpoint_id, kind, value, meta)
+        await insert_rows(
+            self.link, CHECKPOINTS, _CHECKPOINT_COLUMNS, [(*row, utcnow())], on_conflict="update"
+        )
+
+    async def put_writes(
+        self,
+        agent_id: uuid.UUID | str,
+        key: CheckpointKey,
+        writes: Sequence[StoredWrite],
+        *,
+        replace: bool,
+    ) -> None:
+        """Store a task's writes after the checkpoint at `key`.
+
+        A write whose `(task_id, idx)` is stored already replaces it when
+        `replace`, else is dropped (a retried task writes the same again).
+        """
+        owner, agent = self._owner, as_uuid(agent_id, "agent_id")
+        rows = [
+            (owner, agent, *key, w.task_id, w.idx, w.task_path, w.channel, w.value[0], w.value[1])
+            for w in writes
+        ]
+        await insert_rows(
+            self.link, CHECKPOINT_WRITES, _WRITE_COLUMNS, rows, on_conflict="update" if replace else "ignore"
+        )
+
+    async def list(
+        self,
+        agent_id: uuid.UUID | str,
+        session_id: uuid.UUID | str | None = None,
+        *,
+        checkpoint_ns: str | None = None,
+        checkpoint_id: str | None = None,
+        meta: Mapping[str, Any] | None = None,
+        before: str | None = None,
+        after: CheckpointKey | None = None,
+        limit: int = 100,
+    ) -> builtins.list[StoredCheckpoint]:
+        """The agent's checkpoints, newest first (by `checkpoint_id`), `limit` at most.
+
+        Narrowed to a session, a namespace, one id, those whose metadata
+        holds every key of `meta`, and those before the id `before`.  `after`
+        is the last checkpoint of the previous page: the page starts after it.
+        """
+        size = check_int(limit, "limit", minimum=1, maximum=MAX_PAGE)
+        where = self._agent(CHECKPOINTS, agent_id)
+        if session_id is not None:
+            where.append(CHECKPOINTS.c.session_id == as_uuid(session_id, "session_id"))
+        if checkpoint_ns is not None:
+            where.append(CHECKPOINTS.c.checkpoint_ns == checkpoint_ns)
+        if checkpoint_id is not None:
+            where.append(CHECKPOINTS.c.checkpoint_id == checkpoint_id)
+        if before is not None:
+            where.append(CHECKPOINTS.c.checkpoint_id < before)
+        if meta:
+            where += json_key_conditions(self.link, CHECKPOINTS.c.meta, meta, "filter")
+        if after is not None:
+            cursor = (after.checkpoint_id, after.session_id, after.checkpoint_ns)
+            columns = (CHECKPOINTS.c.checkpoint_id, CHECKPOINTS.c.session_id, CHECKPOINTS.c.checkpoint_ns)
+            bound = [
+                sa.bindparam(None, value, type_=column.type)
+                for value, column in zip(cursor, columns, strict=True)
+            ]
+            where.append(sa.tuple_(*columns) < sa.tuple_(*bound))
+        query = (
+            sa.select(*_LISTED, CHECKPOINTS.c.meta, SESSIONS.c.key)
+            .join(SESSIONS, _IN_SESSION)
+            .where(*where)
+            .order_by(*_NEWEST_FIRST)
+            .limit(size)
+        )
+        return [_stored(row) for row in await self._execute(query)]
+
+    async def heads(
+        self, agent_id: uuid.UUID | str, session_id: uuid.UUID | str
+    ) -> builtins.list[StoredCheckpoint]:
+        """The newest checkpoint of each namespace of a session."""
+        where = self._session(CHECKPOINTS, agent_id, session_id)
+        newest = (
+            sa.select(CHECKPOINTS.c.checkpoint_ns, sa.func.max(CHECKPOINTS.c.checkpoint_id).label("newest"))
+            .where(*where)
+            .group_by(CHECKPOINTS.c.checkpoint_ns)
+            .subquery()
+        )
+        query = (
+            sa.select(*_LISTED, CHECKPOINTS.c.meta, SESSIONS.c.key)
+            .join(SESSIONS, _IN_SESSION)
+            .join(
+                newest,
+                sa.and_(
+                    newest.c.checkpoint_ns == CHECKPOINTS.c.checkpoint_ns,
+                    newest.c.newest == CHECKPOINTS.c.checkpoint_id,
+                ),
+            )
+            .where(*where)
+        )
+        return [_stored(row) for row in await self._execute(query)]
+
+    async def blobs(
+        self,
+        agent_id: uuid.UUID | str,
+        session_id: uuid.UUID,
+        checkpoint_ns: str,
+        wanted: Iterable[tuple[str, str]],
+    ) -> dict[tuple[str, str], Value]:
+        """The stored values of these `(channel, version)`s of a session's namespace (if stored)."""
+        pairs = sorted(set(wanted))
+        if not pairs:
+            return {}
+        table = CHECKPOINT_BLOBS
+        query = sa.select(table.c.channel, table.c.version, table.c.value_type, table.c.value).where(
+            *self._session(table, agent_id, session_id),
+            table.c.checkpoint_ns == checkpoint_ns,
+            sa.tuple_(table.c.channel, table.c.version).in_(pairs),
+        )
+        rows: builtins.list[Any] = list(await self._execute(query))
+        return {(row[0], row[1]): (row[2], row[3]) for row in rows}
+
+    async def writes(
+        self, agent_id: uuid.UUID | str, keys: Iterable[CheckpointKey]
+    ) -> dict[CheckpointKey, builtins.list[StoredWrite]]:
+        """The pending writes of these checkpoints, each's in order of `(task_path, task_id, idx)`."""
+        wanted = sorted(set(keys))
+        found: dict[CheckpointKey, builtins.list[StoredWrite]] = {key: [] for key in wanted}
+        if not wanted:
+            return found
+        table = CHECKPOINT_WRITES
+        key = (table.c.session_id, table.c.checkpoint_ns, table.c.checkpoint_id)
+        query = (
+            sa.select(*key, table.c.task_id, table.c.channel, table.c.value_type, table.c.value)
+            .add_columns(table.c.task_path, table.c.idx)
+            .where(*self._agent(table, agent_id), sa.tuple_(*key).in_(wanted))
+            .order_by(table.c.task_path, table.c.task_id, table.c.idx)
+        )
+        rows: builtins.list[Any] = list(await self._execute(query))
+        for session, ns, checkpoint, task, channel, kind, value, path, idx in rows:
+            found[CheckpointKey(session, ns, checkpoint)].append(
+                StoredWrite(task, channel, (kind, value), path, idx)
+            )
+        return found
+
+    async def delete_session(self, agent_id: uuid.UUID | str, session_id: uuid.UUID | str) -> None:
+        """Delete a session's graph state (the session and its messages stay)."""
+        for table in CHECKPOINT_TABLES:
+            await self._execute(sa.delete(table).where(*self._session(table, agent_id, session_id)))
+
+    async def delete_runs(self, agent_id: uuid.UUID | str, run_ids: Sequence[str]) -> int:
+        """Delete the agent's checkpoints whose metadata names one of `run_ids`, with their writes."""
+        runs = sorted(set(run_ids))
+        if not runs:
+            return 0
+        matching = sa.or_(
+            *(
+                sa.and_(*json_key_conditions(self.link, CHECKPOINTS.c.meta, {"run_id": r}, "run_ids"))
+                for r in runs
+            )
+        )
+        found: builtins.list[Any] = list(
+            await self._execute(sa.select(*_KEY).where(*self._agent(CHECKPOINTS, agent_id), matching))
+        )
+        doomed = [CheckpointKey(row[0], row[1], row[2]) for row in found]
+        await self._delete_checkpoints(agent_id, doomed)
+        return len(doomed)
+
+    async def _delete_checkpoints(self, agent_id: uuid.UUID | str, keys: Sequence[CheckpointKey]) -> None:
+        for start in range(0, len(keys), MAX_PAGE):
+            batch = keys[start : start + MAX_PAGE]
+            for table in (CHECKPOINT_WRITES, CHECKPOINTS):
+                key = (table.c.session_id, table.c.checkpoint_ns, table.c.checkpoint_id)
+                await self._rowcount(
+                    sa.delete(table).where(*self._agent(table, agent_id), sa.tuple_(*key).in_(batch))
+                )
+
+    async def copy_session(
+        self, agent_id: uuid.UUID | str, source: uuid.UUID | str, target: uuid.UUID | str
+    ) -> None:
+        """Copy a session's graph state into another session of the agent (rows it has are kept)."""
+        into = sa.literal(as_uuid(target, "target"), UUIDType())
+        for table in CHECKPOINT_TABLES:
+            there = table.alias("there")
+            key = [column.name for column in table.primary_key.columns if column.name != "session_id"]
+            taken = sa.exists().where(
+                there.c.session_id == into, *(there.c[name] == table.c[name] for name in key)
+            )
+            names = [column.name for column in table.c]
+            rows = sa.select(*(into if name == "session_id" else table.c[name] for name in names)).where(
+                *self._session(table, agent_id, source), ~taken
+            )
+            await self._execute(sa.insert(table).from_select(names, rows))
+
+    async def prune(
+        self,
+        agent_id: uuid.UUID | str,
+        session_id: uuid.UUID | str,
+        keep: Mapping[str, tuple[str, Iterable[tuple[str, str]]]],
+    ) -> None:
+        """Delete a session's checkpoints but those in `keep`, with their writes and unused values.
+
+        `keep` maps each namespace to the checkpoint kept in it and the
+        `(channel, version)`s that checkpoint holds; a namespace left out
+        loses everything.  Kept checkpoints lose their parent.
+        """
+        in_session = self._session(CHECKPOINTS, agent_id, session_id)
+        kept = sorted((ns, checkpoint) for ns, (checkpoint, _) in keep.items())
+        for table in (CHECKPOINT_WRITES, CHECKPOINTS):
+            pair = sa.tuple_(table.c.checkpoint_ns, table.c.checkpoint_id)
+            where = self._session(table, agent_id, session_id)
+            await self._rowcount(sa.delete(table).where(*where, *([pair.not_in(kept)] if kept else [])))
+        if kept:
+            await self._rowcount(sa.update(CHECKPOINTS).where(*in_session).values(parent_checkpoint_id=None))
+        values = sorted((ns, channel, version) for ns, (_, held) in keep.items() for channel, version in held)
+        blob = (CHECKPOINT_BLOBS.c.checkpoint_ns, CHECKPOINT_BLOBS.c.channel, CHECKPOINT_BLOBS.c.version)
+        unused = [sa.tuple_(*blob).not_in(values)] if values else []
+        await self._rowcount(
+            sa.delete(CHECKPOINT_BLOBS).where(*self._session(CHECKPOINT_BLOBS, agent_id, session_id), *unused)
+        )

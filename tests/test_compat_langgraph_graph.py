@@ -1,0 +1,226 @@
+"""Real LangGraph graphs on MemormSaver: restarts, human in the loop, time travel, tenants, sync use."""
+
+from __future__ import annotations
+
+import operator
+import uuid
+from typing import Annotated, Any
+
+import anyio
+import pytest
+from conftest import Store
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+from typing_extensions import TypedDict
+
+from memorm import Database, NotFoundError, ValidationError
+from memorm.compat.langgraph import MemormSaver
+
+pytestmark = pytest.mark.anyio
+
+
+class State(TypedDict):
+    steps: Annotated[list[str], operator.add]
+    count: int
+
+
+def _count(state: State) -> dict[str, Any]:
+    return {"steps": ["count"], "count": state.get("count", 0) + 1}
+
+
+def _double(state: State) -> dict[str, Any]:
+    return {"steps": ["double"], "count": state["count"] * 2}
+
+
+def _ask(state: State) -> dict[str, Any]:
+    answer = interrupt({"question": "approve?", "count": state["count"]})
+    return {"steps": [f"asked:{answer}"]}
+
+
+def counter() -> StateGraph[State]:
+    """START -> count -> double -> END: plain Python nodes, no model, no network."""
+    builder = StateGraph(State)
+    builder.add_node("count", _count)
+    builder.add_node("double", _double)
+    builder.add_edge(START, "count")
+    builder.add_edge("count", "double")
+    builder.add_edge("double", END)
+    return builder
+
+
+def approval() -> StateGraph[State]:
+    """START -> count -> ask (waits for a human) -> double -> END."""
+    builder = StateGraph(State)
+    builder.add_node("count", _count)
+    builder.add_node("ask", _ask)
+    builder.add_node("double", _double)
+    builder.add_edge(START, "count")
+    builder.add_edge("count", "ask")
+    builder.add_edge("ask", "double")
+    builder.add_edge("double", END)
+    return builder
+
+
+def thread(name: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": name}}
+
+
+async def _agent(db: Database, name: str = "graph") -> uuid.UUID:
+    async with db.unit_of_work() as uow:
+        return (await uow.agents.create(name)).id
+
+
+async def test_a_graph_resumes_its_thread_after_a_restart(db: Database, store: Store) -> None:
+    agent = await _agent(db)
+    graph = counter().compile(checkpointer=MemormSaver(db, agent=agent))
+    first = await graph.ainvoke({"steps": [], "count": 1}, thread("t-1"))
+    assert first == {"steps": ["count", "double"], "count": 4}
+    await db.dispose()
+
+    async with store.database() as again:  # a new process: a new Database on the same store
+        graph = counter().compile(checkpointer=MemormSaver(again, agent=agent))
+        state = await graph.aget_state(thread("t-1"))
+        assert state.values == first
+        second = await graph.ainvoke({"steps": ["again"]}, thread("t-1"))
+        assert second == {"steps": ["count", "double", "again", "count", "double"], "count": 10}
+        assert (await graph.aget_state(thread("other"))).values == {}
+        async with again.unit_of_work(read_only=True) as uow:  # the thread is the agent's session "t-1"
+            chat = await uow.sessions.get_by_key(agent, "t-1")
+            assert chat is not None
+
+
+async def test_an_interrupted_graph_waits_for_a_human_and_resumes_with_the_answer(
+    db: Database, store: Store
+) -> None:
+    agent = await _agent(db)
+    graph = approval().compile(checkpointer=MemormSaver(db, agent=agent))
+    paused = await graph.ainvoke({"steps": [], "count": 2}, thread("review"))
+    assert paused["__interrupt__"][0].value == {"question": "approve?", "count": 3}
+    state = await graph.aget_state(thread("review"))
+    assert state.next == ("ask",)
+    await db.dispose()
+
+    async with store.database() as again:  # the human answers later, in another process
+        graph = approval().compile(checkpointer=MemormSaver(again, agent=agent))
+        done = await graph.ainvoke(Command(resume="yes"), thread("review"))
+        assert done == {"steps": ["count", "asked:yes", "double"], "count": 6}
+        assert (await graph.aget_state(thread("review"))).next == ()
+
+
+async def test_time_travel_replays_and_forks_from_an_earlier_checkpoint(db: Database) -> None:
+    agent = await _agent(db)
+    graph = counter().compile(checkpointer=MemormSaver(db, agent=agent))
+    await graph.ainvoke({"steps": [], "count": 1}, thread("travel"))
+    history = [snapshot async for snapshot in graph.aget_state_history(thread("travel"))]
+    assert [snapshot.next for snapshot in history] == [(), ("double",), ("count",), ("__start__",)]
+    before_double = history[1]
+    assert before_double.values == {"steps": ["count"], "count": 2}
+
+    replayed = await graph.ainvoke(None, before_double.config)  # replay from there
+    assert replayed == {"steps": ["count", "double"], "count": 4}
+    forked = await graph.aupdate_state(before_double.config, {"count": 50})  # fork: change the past
+    result = await graph.ainvoke(None, forked)
+    assert result == {"steps": ["count", "double"], "count": 100}
+    assert (await graph.aget_state(thread("travel"))).values["count"] == 100
+    # The original timeline is still there to go back to.
+    assert (await graph.aget_state(history[0].config)).values == {"steps": ["count", "double"], "count": 4}
+    limited = [s async for s in graph.aget_state_history(thread("travel"), limit=2)]
+    assert len(limited) == 2
+
+
+async def test_two_tenants_threads_never_see_each_other(db: Database) -> None:
+    acme, globex = db.for_tenant("acme"), db.for_tenant("globex")
+    acme_agent, globex_agent = await _agent(acme), await _agent(globex)
+    acme_graph = counter().compile(checkpointer=MemormSaver(acme, agent=acme_agent))
+    globex_graph = counter().compile(checkpointer=MemormSaver(globex, agent=globex_agent))
+    await acme_graph.ainvoke({"steps": [], "count": 1}, thread("shared-name"))
+    assert (await globex_graph.aget_state(thread("shared-name"))).values == {}
+    await globex_graph.ainvoke({"steps": [], "count": 7}, thread("shared-name"))
+    assert (await acme_graph.aget_state(thread("shared-name"))).values["count"] == 4
+    assert (await globex_graph.aget_state(thread("shared-name"))).values["count"] == 16
+
+    # Another tenant's agent id is an unknown agent: nothing to read, and no thread to write.
+    intruder = MemormSaver(globex, agent=acme_agent)
+    assert await intruder.aget_tuple(thread("shared-name")) is None
+    assert [t async for t in intruder.alist(None)] == []
+    with pytest.raises(NotFoundError):
+        await counter().compile(checkpointer=intruder).ainvoke({"steps": [], "count": 1}, thread("x"))
+    await intruder.adelete_thread("shared-name")
+    assert (await acme_graph.aget_state(thread("shared-name"))).values["count"] == 4
+
+
+async def test_deleting_the_session_deletes_the_graph_state_and_delete_thread_keeps_the_session(
+    db: Database,
+) -> None:
+    agent = await _agent(db)
+    saver = MemormSaver(db, agent=agent)
+    graph = counter().compile(checkpointer=saver)
+    for name in ("kept", "gone"):
+        await graph.ainvoke({"steps": [], "count": 1}, thread(name))
+    async with db.unit_of_work() as uow:
+        chat = await uow.sessions.get_by_key(agent, "gone")
+        assert chat is not None
+        await uow.sessions.delete(chat.id)
+    assert await saver.aget_tuple(thread("gone")) is None
+    assert await saver.aget_tuple(thread("kept")) is not None
+
+    await saver.adelete_thread("kept")
+    assert await saver.aget_tuple(thread("kept")) is None
+    async with db.unit_of_work(read_only=True) as uow:
+        assert await uow.sessions.get_by_key(agent, "kept") is not None
+
+
+async def test_the_sync_interface_runs_a_graph_from_a_worker_thread(db: Database) -> None:
+    agent = await _agent(db)
+    saver = MemormSaver(db, agent=agent)
+    graph = counter().compile(checkpointer=saver)
+
+    def run() -> dict[str, Any]:
+        return graph.invoke({"steps": [], "count": 3}, thread("sync"))
+
+    assert await anyio.to_thread.run_sync(run) == {"steps": ["count", "double"], "count": 8}
+    listed = await anyio.to_thread.run_sync(lambda: list(saver.list(thread("sync"))))
+    assert len(listed) == 4
+    assert [t.checkpoint["id"] for t in listed] == [
+        t.checkpoint["id"] async for t in saver.alist(thread("sync"))
+    ]
+    await anyio.to_thread.run_sync(saver.delete_thread, "sync")
+    assert await saver.aget_tuple(thread("sync")) is None
+
+
+async def test_bad_input_is_a_validation_error_before_anything_is_written(db: Database) -> None:
+    agent = await _agent(db)
+    with pytest.raises(ValidationError, match="pickle"):
+        MemormSaver(db, agent=agent, serde=JsonPlusSerializer(pickle_fallback=True))
+    saver = MemormSaver(db, agent=agent)
+    with pytest.raises(ValidationError, match="thread_id"):
+        await saver.aget_tuple({"configurable": {}})
+    with pytest.raises(ValidationError, match="configurable"):
+        await saver.aget_tuple({})  # type: ignore[typeddict-item]
+    with pytest.raises(ValidationError, match="thread_id"):
+        await saver.aget_tuple(thread(""))
+    with pytest.raises(ValidationError, match="checkpoint_id"):
+        await saver.aput_writes(thread("t"), [("ch", 1)], "task")
+    with pytest.raises(ValidationError, match="run_ids"):
+        await saver.adelete_for_runs("run-1")
+    with pytest.raises(ValidationError, match="strategy"):
+        await saver.aprune(["t"], strategy="everything")
+    with pytest.raises(ValidationError, match="filter"):
+        [t async for t in saver.alist(thread("t"), filter={"bad key!": 1})]
+    with pytest.raises(ValidationError, match="limit"):
+        [t async for t in saver.alist(thread("t"), limit=-1)]
+    config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    checkpoint = {
+        "v": 1,
+        "id": "1",
+        "ts": "",
+        "channel_values": {"x": object()},
+        "channel_versions": {"x": 1},
+        "versions_seen": {},
+        "updated_channels": None,
+    }
+    with pytest.raises(ValidationError, match="channel 'x'"):
+        await saver.aput(config, checkpoint, {}, {"x": 1})  # type: ignore[arg-type]
+    async with db.unit_of_work(read_only=True) as uow:
+        assert await uow.sessions.get_by_key(agent, "t") is None
