@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
@@ -54,9 +54,9 @@ BAD_WHERE = [
     {"k": b"bytes"},
     {"created_at": {"$gte": datetime(2024, 1, 1)}},  # naive
     {"created_at": {"$gte": "2024-01-01T00:00:00Z"}},
-    {"created_at": {"$eq": datetime.now().astimezone()}},
+    {"created_at": {"$eq": datetime(2024, 1, 1, tzinfo=timezone.utc)}},
     {"created_at": {}},
-    {"created_at": datetime.now().astimezone()},
+    {"created_at": datetime(2024, 1, 1, tzinfo=timezone.utc)},
     {1: "x"},
     ["k", 1],
 ]
