@@ -15,8 +15,9 @@ are left out then, and so are tests that build their own database from a URL.
 
 Property-based tests take their example counts from a hypothesis profile,
 chosen by ``HYPOTHESIS_PROFILE``: ``dev`` (the default, quick) or ``ci``
-(``.ci/run``: 200 examples per property).  Tests set no ``max_examples`` of
-their own, so the profile applies to all of them.
+(200 examples per property: ``.ci/run`` runs the tests marked ``property``,
+which are every property-based test, so too).  Tests set no ``max_examples``
+of their own, so the profile applies to all of them.
 """
 
 from __future__ import annotations
@@ -283,6 +284,12 @@ def _left_out(item: pytest.Item) -> bool:
         uses_db = bool({"db", "backend"} & set(getattr(item, "fixturenames", ())))
         return "postgres" not in item.keywords or "single_node" in item.keywords or not uses_db
     return False
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark property-based tests ``property``: ``.ci/run`` runs them again with 200 examples each."""
+    if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+        item.add_marker(pytest.mark.property)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
