@@ -30,6 +30,7 @@ from tenant_data import FILLED, WORDS, fill, rows_of
 
 from memorm import Database, DatabaseError, MemormError
 from memorm.distribute import is_distributed
+from memorm.models import metadata
 from memorm.retention import Removed, purge_expired, purge_older_than
 from memorm.types import utcnow
 from tests import citus_kit, test_cli_transfer
@@ -163,7 +164,7 @@ async def _placed_bytes(url: str) -> int:
     """What memorm's tables take on the workers and the coordinator, shard by shard (citus_shards)."""
     connection = await asyncpg.connect(citus_kit.asyncpg_url(url))
     try:
-        names = ["agents", "agent_names", "sessions", "messages", "archival_passages", "embedding_models"]
+        names = [table.name for table in metadata.sorted_tables]  # every table of memorm's, as stats
         return int(
             await connection.fetchval(
                 "SELECT sum(shard_size) FROM citus_shards WHERE table_name::text = ANY($1::text[])", names
@@ -198,6 +199,9 @@ def test_stats_count_every_shard_and_size_the_shards_not_the_coordinator(
         "agents": "5",
         "archival_passages": "8",
         "embedding_models": "6",
+        "graph_blobs": "0",
+        "graph_checkpoints": "0",
+        "graph_writes": "0",
         "messages": "314",
         "sessions": "7",
     }
