@@ -63,52 +63,63 @@ class Repository:
         """Like `_own`, but nothing in an all-tenants unit of work: for maintenance across tenants."""
         return [] if self.tenant is None else [table.c.tenant == self.tenant for table in tables]
 
-    async def _agent_of(self, session_id: uuid.UUID, *, lookup: bool = True) -> uuid.UUID | None:
-        """The session's agent, to narrow its statements by (`memorm.routing`).
+    async def _agent_of(self, session_id: uuid.UUID) -> uuid.UUID:
+        """The session's agent, to narrow the statements on its messages by (`memorm.routing`).
 
         Known if this database created or read the session before; else looked
         up once by the session's key (NotFoundError if there is none) and
         remembered.  The messages' indexes lead with `(tenant, agent_id)`: a
         statement on a session's messages without its agent would read all of
-        the tenant's.  `lookup=False`, for a statement on the session's own
-        row (its primary key finds it): an unknown agent is left out, except
-        on a distributed database, where it also picks the shard.
+        the tenant's.
         """
-        routes: SessionAgents | None = self.link.info.get(ROUTES)
-        if routes is None:
-            return None
-        tenant = self._owner
-        agent: uuid.UUID | None = routes.get(tenant, session_id)
-        if agent is None and (lookup or self._distributed):
-            agent = await self._scalar(
-                sa.select(SESSIONS.c.agent_id).where(*self._own(SESSIONS), SESSIONS.c.id == session_id)
-            )
-            if agent is None:
-                raise NotFoundError(f"no session {session_id}")
-            routes.put(tenant, session_id, agent)
+        agent = self._routes.get(self._owner, session_id)
+        return agent if agent is not None else await self._look_up_agent(session_id)
+
+    async def _row_agent(self, session_id: uuid.UUID) -> uuid.UUID | None:
+        """The session's agent, for a statement on the session's own row (its primary key finds it).
+
+        Left out (None) if unknown, except on a distributed database, where it
+        also picks the shard and so is looked up like `_agent_of`.
+        """
+        agent = self._routes.get(self._owner, session_id)
+        if agent is None and self._distributed:
+            return await self._look_up_agent(session_id)
         return agent
+
+    async def _look_up_agent(self, session_id: uuid.UUID) -> uuid.UUID:
+        agent: uuid.UUID | None = await self._scalar(
+            sa.select(SESSIONS.c.agent_id).where(*self._own(SESSIONS), SESSIONS.c.id == session_id)
+        )
+        if agent is None:
+            raise NotFoundError(f"no session {session_id}")
+        self._routes.put(self._owner, session_id, agent)
+        return agent
+
+    @property
+    def _routes(self) -> SessionAgents:
+        """The database's cache of sessions' agents (every unit of work's link holds it)."""
+        routes: SessionAgents = self.link.info[ROUTES]
+        return routes
 
     def _route(self, session_id: uuid.UUID, agent_id: uuid.UUID) -> None:
         """Remember a session's agent (sessions created or read)."""
-        routes: SessionAgents | None = self.link.info.get(ROUTES)
-        if routes is not None and self.tenant is not None:
-            routes.put(self.tenant, session_id, agent_id)
+        if self.tenant is not None:
+            self._routes.put(self.tenant, session_id, agent_id)
 
     async def _chat(self, session_id: uuid.UUID) -> list[ColumnElement[bool]]:
-        """The conditions for the session's messages: its tenant, the session and (if known) its agent."""
+        """The conditions for the session's messages: its tenant, the session and its agent."""
         agent = await self._agent_of(session_id)
-        return [*self._own(MESSAGES), MESSAGES.c.session_id == session_id, *self._on(MESSAGES, agent)]
+        return [*self._own(MESSAGES), MESSAGES.c.session_id == session_id, MESSAGES.c.agent_id == agent]
 
     async def _session_row(self, session_id: uuid.UUID) -> list[ColumnElement[bool]]:
         """The conditions for the session's own row: its tenant, its id and (if known) its agent."""
-        agent = await self._agent_of(session_id, lookup=False)
+        agent = await self._row_agent(session_id)
         return [*self._own(SESSIONS), SESSIONS.c.id == session_id, *self._on(SESSIONS, agent)]
 
     def _unroute(self, session_id: uuid.UUID) -> None:
         """Forget a deleted session's agent."""
-        routes: SessionAgents | None = self.link.info.get(ROUTES)
-        if routes is not None and self.tenant is not None:
-            routes.drop(self.tenant, session_id)
+        if self.tenant is not None:
+            self._routes.drop(self.tenant, session_id)
 
     @property
     def _distributed(self) -> bool:

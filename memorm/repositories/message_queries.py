@@ -44,30 +44,23 @@ _COLUMNS = tuple(column.name for column in _FIELDS)
 _SEQ = _COLUMNS.index("seq")
 SEQ_MAX = INT32_MAX  # seq is a 32-bit integer
 SEQ_MIN = INT32_MIN
+_CHAT = (  # a session's messages: its tenant, the session and its agent (one shard on Citus)
+    MESSAGES.c.tenant == sa.bindparam("tenant"),
+    MESSAGES.c.session_id == sa.bindparam("session_id"),
+    MESSAGES.c.agent_id == sa.bindparam("agent"),
+)
 _WINDOW_BACK = (  # the newest `limit` messages up to seq `bound`, newest first
     sa.select(*_FIELDS)
-    .where(
-        MESSAGES.c.tenant == sa.bindparam("tenant"),
-        MESSAGES.c.session_id == sa.bindparam("session_id"),
-        MESSAGES.c.seq <= sa.bindparam("bound"),
-    )
+    .where(*_CHAT, MESSAGES.c.seq <= sa.bindparam("bound"))
     .order_by(MESSAGES.c.seq.desc())
     .limit(sa.bindparam("limit"))
 )
 _WINDOW_FORWARD = (  # the oldest `limit` messages from seq `bound` on
     sa.select(*_FIELDS)
-    .where(
-        MESSAGES.c.tenant == sa.bindparam("tenant"),
-        MESSAGES.c.session_id == sa.bindparam("session_id"),
-        MESSAGES.c.seq >= sa.bindparam("bound"),
-    )
+    .where(*_CHAT, MESSAGES.c.seq >= sa.bindparam("bound"))
     .order_by(MESSAGES.c.seq)
     .limit(sa.bindparam("limit"))
 )
-# The same, for a session whose agent is known: on a distributed database, one shard.
-_ROUTED = MESSAGES.c.agent_id == sa.bindparam("agent")
-_WINDOW_BACK_ROUTED = _WINDOW_BACK.where(_ROUTED)
-_WINDOW_FORWARD_ROUTED = _WINDOW_FORWARD.where(_ROUTED)
 _FIRST_SCAN = 256  # context(): rows whose tokens are summed first (~25k tokens of chat)
 _TOKENS = sa.func.coalesce(  # a row's tokens, for budgets (estimated if a row has no count)
     MESSAGES.c.token_count, sa.func.coalesce(sa.func.length(MESSAGES.c.content), 0) / 4 + 4
@@ -76,7 +69,7 @@ _SYSTEM, _BODY = 0, 1  # context(): which part of the answer a row is
 
 
 @cache
-def _context_statement(*, pinned: bool, routed: bool) -> sa.CompoundSelect[Any] | sa.Select[Any]:
+def _context_statement(*, pinned: bool) -> sa.CompoundSelect[Any] | sa.Select[Any]:
     """`context()` in one statement: the pinned system message and the newest rows that fit.
 
     Rows come as `(part, *message columns)`, the body newest first (up to
@@ -84,11 +77,7 @@ def _context_statement(*, pinned: bool, routed: bool) -> sa.CompoundSelect[Any] 
     system message's tokens).  Compiled once per variant and prepared by
     the driver, like the windows.
     """
-    chat = [
-        MESSAGES.c.tenant == sa.bindparam("tenant"),
-        MESSAGES.c.session_id == sa.bindparam("session_id"),
-        *([_ROUTED] if routed else []),
-    ]
+    chat = list(_CHAT)
     allowed: Any = sa.bindparam("budget", type_=sa.Integer)
     body_where: list[ColumnElement[bool]] = []
     system: sa.Select[Any] | None = None
@@ -216,10 +205,8 @@ class MessageQueries(Repository):
         # fitted (messages of no tokens): then the budget may reach further back.
         agent = await self._agent_of(key)
         cap = min(budget + 1, _FIRST_SCAN)
-        params: dict[str, Any] = {"tenant": self._owner, "session_id": key, "budget": budget, "cap": cap}
-        if agent is not None:
-            params["agent"] = agent
-        statement = _context_statement(pinned=pinned_system, routed=agent is not None)
+        params = {"tenant": self._owner, "session_id": key, "agent": agent, "budget": budget, "cap": cap}
+        statement = _context_statement(pinned=pinned_system)
         async with guarded(self.link):
             found = await fetch(self.link, statement, params)
         if sum(row[0] == _BODY for row in found) >= cap:
@@ -263,12 +250,8 @@ class MessageQueries(Repository):
     async def _fetch_window(self, key: uuid.UUID, *, forward: bool, bound: int, limit: int) -> list[Message]:
         """Messages from `bound` on (`forward`) or up to it, `limit` of them, in scan order."""
         agent = await self._agent_of(key)
-        params: dict[str, Any] = {"tenant": self._owner, "session_id": key, "bound": bound, "limit": limit}
-        if agent is None:
-            statement = _WINDOW_FORWARD if forward else _WINDOW_BACK
-        else:
-            statement = _WINDOW_FORWARD_ROUTED if forward else _WINDOW_BACK_ROUTED
-            params["agent"] = agent
+        params = {"tenant": self._owner, "session_id": key, "agent": agent, "bound": bound, "limit": limit}
+        statement = _WINDOW_FORWARD if forward else _WINDOW_BACK
         async with guarded(self.link):
             found = await fetch(self.link, statement, params)
         return [hydrate(Message, dict(zip(_COLUMNS, row, strict=True))) for row in found]

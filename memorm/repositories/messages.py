@@ -287,7 +287,7 @@ class MessageRepository(MessageRetention):
         so concurrent appenders queue here and their numbers never interleave.
         """
         check_writable(self.link)
-        agent = await self._agent_of(key, lookup=False)  # the session's row: by its key
+        agent = await self._row_agent(key)  # the session's row: by its key
         async with guarded(self.link):
             params = {"of_tenant": self._owner, "session_id": key, "count": count, "now": utcnow()}
             if agent is None:
@@ -303,7 +303,7 @@ class MessageRepository(MessageRetention):
     async def _append_one(self, key: uuid.UUID, item: MessageInput, row: dict[str, Any]) -> Message:
         """Append one checked message in one statement (`_append_one`, Postgres)."""
         check_writable(self.link)
-        agent = await self._agent_of(key, lookup=False)  # the session's row: by its key
+        agent = await self._row_agent(key)  # the session's row: by its key
         now = utcnow()
         row.update(tenant=self._owner, session_id=key, updated_at=now)
         if row["created_at"] is None:

@@ -125,7 +125,7 @@ class SessionRepository(Repository):
     async def get(self, session_id: uuid.UUID | str) -> Session:
         """The session with this id; `NotFoundError` if there is none."""
         key = as_uuid(session_id, "session_id")
-        agent = await self._agent_of(key, lookup=False)
+        agent = await self._row_agent(key)
         chat: Session | None = await self._scalar(
             sa.select(Session).where(SESSIONS.c.id == key, *self._own(SESSIONS), *self._on(SESSIONS, agent))
         )
@@ -147,7 +147,7 @@ class SessionRepository(Repository):
     async def delete(self, session_id: uuid.UUID | str) -> None:
         """Delete the session and its messages."""
         key = as_uuid(session_id, "session_id")
-        agent = await self._agent_of(key, lookup=False)
+        agent = await self._row_agent(key)
         deleted = await self._rowcount(
             sa.delete(Session)
             .where(SESSIONS.c.id == key, *self._own(SESSIONS), *self._on(SESSIONS, agent))
@@ -171,7 +171,7 @@ class SessionRepository(Repository):
         lifetime = None if ttl is None else check_duration(ttl, "ttl")
         instant = utcnow() if now is None else check_aware(now, "now")
         expires_at = None if lifetime is None else later(instant, lifetime, "now + ttl")
-        agent = await self._agent_of(key, lookup=False)
+        agent = await self._row_agent(key)
         statement = (
             sa.update(Session)
             .where(SESSIONS.c.id == key, *self._own(SESSIONS), *self._on(SESSIONS, agent))
