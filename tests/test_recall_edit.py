@@ -289,6 +289,15 @@ async def test_context_over_a_long_log_reads_past_the_first_scan_chunk(db: Datab
     assert len(everything) == 700
 
 
+async def test_context_over_a_long_log_of_messages_without_tokens_keeps_them_all(db: Database) -> None:
+    # Every row the one-statement scans sum fits, up to budget + 1 rows: the stepwise path takes over.
+    log = [msg("user", f"m{i}", tokens=0 if i >= 100 else 5) for i in range(700)]
+    chat = await new_session(db, log)
+    async with db.unit_of_work() as uow:
+        window = await uow.messages.context(chat, max_tokens=300)
+    assert [m.content for m in window] == [f"m{i}" for i in range(40, 700)]
+
+
 async def test_context_rejects_bad_budgets_and_unknown_sessions(db: Database) -> None:
     chat = await new_session(db)
     async with db.unit_of_work() as uow:

@@ -202,15 +202,21 @@ class MessageQueries(Repository):
         budget = check_int(max_tokens, "max_tokens", minimum=1, maximum=INT32_MAX)
         check_flag(pinned_system, "pinned_system")
         # One statement (`_context_statement`) answers unless every row it summed
-        # fitted (messages of no tokens): then the budget may reach further back.
+        # fitted: then it runs again over four times the rows, up to one more
+        # than the budget (a row has at least one token, but for messages of no
+        # tokens, which the stepwise `_context_beyond` takes on).
         agent = await self._agent_of(key)
         cap = min(budget + 1, _FIRST_SCAN)
         params = {"tenant": self._owner, "session_id": key, "agent": agent, "budget": budget, "cap": cap}
         statement = _context_statement(pinned=pinned_system)
-        async with guarded(self.link):
-            found = await fetch(self.link, statement, params)
-        if sum(row[0] == _BODY for row in found) >= cap:
-            return await self._context_beyond(key, budget, pinned_system)
+        while True:
+            async with guarded(self.link):
+                found = await fetch(self.link, statement, params)
+            if sum(row[0] == _BODY for row in found) < cap:
+                break
+            if cap > budget:
+                return await self._context_beyond(key, budget, pinned_system, scanned=cap)
+            cap = params["cap"] = min(cap * 4, budget + 1)
         found.sort(key=lambda row: (row[0], row[1 + _SEQ]))  # the system message, then oldest first
         messages = [hydrate(Message, dict(zip(_COLUMNS, row[1:], strict=True))) for row in found]
         system = messages.pop(0) if messages and found[0][0] == _SYSTEM else None
@@ -222,8 +228,10 @@ class MessageQueries(Repository):
             await self._require_session(key)
         return messages
 
-    async def _context_beyond(self, key: uuid.UUID, budget: int, pinned_system: bool) -> list[Message]:
-        """`context()` for a budget the newest `_FIRST_SCAN` rows did not fill (step by step)."""
+    async def _context_beyond(
+        self, key: uuid.UUID, budget: int, pinned_system: bool, *, scanned: int
+    ) -> list[Message]:
+        """`context()` when the newest `scanned` rows all fit (rows of no tokens): step by step."""
         system: Message | None = None
         where = await self._chat(key)
         head = await self._fetch_window(key, forward=True, bound=SEQ_MIN, limit=1)
@@ -236,7 +244,7 @@ class MessageQueries(Repository):
             where.append(MESSAGES.c.seq > system.seq)
         if budget <= 0:
             return [system] if system is not None else []
-        span = await self._budget_span(where, budget)
+        span = await self._budget_span(where, budget, cap=scanned * 2)
         if span is None:
             return [system] if system is not None else []
         first, last, rows = span
@@ -257,17 +265,16 @@ class MessageQueries(Repository):
         return [hydrate(Message, dict(zip(_COLUMNS, row, strict=True))) for row in found]
 
     async def _budget_span(
-        self, where: list[ColumnElement[bool]], budget: int
+        self, where: list[ColumnElement[bool]], budget: int, *, cap: int
     ) -> tuple[int, int, int] | None:
         """`(first seq, last seq, rows)` of the newest messages that fit in `budget` tokens, if any.
 
         The running total is a window function over the newest rows, so one
         row crosses the wire, whatever the history's length.  The scan starts
-        with the newest `_FIRST_SCAN` rows and doubles while every row it
-        read still fitted.
+        with the newest `cap` rows and doubles while every row it read still
+        fitted.
         """
         tokens = _TOKENS
-        cap = _FIRST_SCAN * 2  # `context()` found the first `_FIRST_SCAN` rows all fit
         while True:
             newest = (
                 sa.select(MESSAGES.c.seq.label("seq"), tokens.label("tokens"))
