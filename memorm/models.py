@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import sqlalchemy as sa
 from sqlalchemy.ext.compiler import compiles
@@ -27,6 +27,8 @@ from sqlmodel import Field, SQLModel
 from memorm.ids import uuid7
 from memorm.tenancy import DEFAULT_TENANT, TENANT_SETTING
 from memorm.types import JSONType, SearchWords, UTCDateTime, UUIDType, VectorType, utcnow
+
+_STATE = instrumentation.ClassManager.STATE_ATTR  # "_sa_instance_state"
 
 __all__ = [
     "AGENTS",
@@ -78,6 +80,16 @@ and migrations.
 
 class MemormModel(SQLModel, registry=registry(metadata=metadata)):
     """Base of memorm's tables; subclass it to add tables to memorm's metadata."""
+
+    if not TYPE_CHECKING:
+
+        def __getattr__(self, name: str) -> Any:
+            # The ORM asks every new object for its state (`hasattr`) before it
+            # has one; pydantic's `__getattr__` would look through its private
+            # attributes and format an error first: a third of `Message()`.
+            if name == _STATE:
+                raise AttributeError(name)
+            return super().__getattr__(name)
 
 
 class CurrentTenant(sa.sql.functions.FunctionElement[str]):
