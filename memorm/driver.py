@@ -248,7 +248,7 @@ def _begin_and_fetch(driver: Any, sql: str, values: Sequence[Any]) -> list[Any]:
     return list(connection.execute(sql, values).fetchall())
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=256)
 def _compiled(
     dialect: Dialect, statement: Any
 ) -> tuple[str, tuple[str, ...], tuple[Processor, ...], dict[str, Any], tuple[Decoder | None, ...]]:

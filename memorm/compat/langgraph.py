@@ -180,15 +180,12 @@ class MemormSaver(BaseCheckpointSaver[str]):
         """The checkpoint `config` names (the thread's newest without a `checkpoint_id`), or None."""
         where = _Thread(config)
         async with self.db.unit_of_work(read_only=True) as uow:
-            chat = await uow.sessions.get_by_key(self.agent_id, where.key)
-            if chat is None:
+            found = await uow.checkpoints.find(self.agent_id, where.key, where.ns, where.checkpoint_id)
+            if found is None:
                 return None
-            found = await uow.checkpoints.list(
-                self.agent_id, chat.id, checkpoint_ns=where.ns, checkpoint_id=where.checkpoint_id, limit=1
-            )
-            loaded = await self._complete(uow, found)
-        tuples = await self._tuples(loaded, {chat.id: where.thread_id})
-        return tuples[0] if tuples else None
+            loaded = await self._complete(uow, [found])
+        tuples = await self._tuples(loaded, {found.key.session_id: where.thread_id})
+        return tuples[0]
 
     async def alist(
         self,

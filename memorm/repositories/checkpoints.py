@@ -12,17 +12,18 @@ from __future__ import annotations
 import builtins
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from functools import cache
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.sql import ColumnElement
 
-from memorm.driver import insert_rows
+from memorm.driver import fetch, insert_rows
 from memorm.models import CHECKPOINT_BLOBS, CHECKPOINT_TABLES, CHECKPOINT_WRITES, CHECKPOINTS, SESSIONS
 from memorm.repositories.base import Repository
 from memorm.search.filters import json_key_conditions
 from memorm.types import UUIDType, utcnow
-from memorm.validation import MAX_PAGE, as_uuid, check_int, check_json_object
+from memorm.validation import MAX_PAGE, as_uuid, check_int, check_json_object, check_name
 
 __all__ = ["CheckpointKey", "CheckpointRepository", "StoredCheckpoint", "StoredWrite"]
 
@@ -103,6 +104,59 @@ _IN_SESSION = sa.and_(
     SESSIONS.c.id == CHECKPOINTS.c.session_id,
     SESSIONS.c.agent_id == CHECKPOINTS.c.agent_id,
 )
+
+
+def _bound(table: sa.Table, *names: str) -> list[ColumnElement[bool]]:
+    """`column = :parameter` for these columns of `table` (parameters named as in `_PARAMETER`)."""
+    return [table.c[name] == sa.bindparam(_PARAMETER.get(name, name)) for name in names]
+
+
+_PARAMETER = {"agent_id": "agent", "checkpoint_ns": "ns"}
+_SCOPE = ("tenant", "agent_id", "session_id", "checkpoint_ns")  # a session's namespace
+
+# The hot reads (a graph's `aget_tuple`), built once and sent to the driver (`memorm.driver.fetch`).
+_THREAD = (
+    sa.select(*_LISTED, CHECKPOINTS.c.meta, SESSIONS.c.key)
+    .join(SESSIONS, _IN_SESSION)
+    .where(
+        *_bound(SESSIONS, "tenant", "agent_id", "key"),
+        *_bound(CHECKPOINTS, "tenant", "agent_id", "checkpoint_ns"),
+    )
+)
+_LATEST = _THREAD.order_by(CHECKPOINTS.c.checkpoint_id.desc()).limit(1)  # a thread's newest checkpoint
+_BY_ID = _THREAD.where(CHECKPOINTS.c.checkpoint_id == sa.bindparam("checkpoint_id"))
+_WRITES_OF = (  # one checkpoint's pending writes, in order
+    sa.select(
+        CHECKPOINT_WRITES.c.task_id,
+        CHECKPOINT_WRITES.c.channel,
+        CHECKPOINT_WRITES.c.value_type,
+        CHECKPOINT_WRITES.c.value,
+        CHECKPOINT_WRITES.c.task_path,
+        CHECKPOINT_WRITES.c.idx,
+    )
+    .where(*_bound(CHECKPOINT_WRITES, *_SCOPE, "checkpoint_id"))
+    .order_by(CHECKPOINT_WRITES.c.task_path, CHECKPOINT_WRITES.c.task_id, CHECKPOINT_WRITES.c.idx)
+)
+
+
+_PAIRS = 32  # (channel, version)s asked for per statement at most
+
+
+@cache
+def _blobs_of(size: int) -> sa.Select[Any]:
+    """`size` values of one session's namespace by `(channel, version)`: built once per size.
+
+    Sizes are powers of two up to `_PAIRS` (the last pair repeats to fill
+    one), so a handful of statements serve every graph.
+    """
+    table = CHECKPOINT_BLOBS
+    pairs = [
+        sa.tuple_(sa.bindparam(f"channel_{i}", type_=sa.Text), sa.bindparam(f"version_{i}", type_=sa.Text))
+        for i in range(size)
+    ]
+    return sa.select(table.c.channel, table.c.version, table.c.value_type, table.c.value).where(
+        *_bound(table, *_SCOPE), sa.tuple_(table.c.channel, table.c.version).in_(pairs)
+    )
 
 
 def _stored(row: Any) -> StoredCheckpoint:
@@ -215,6 +269,26 @@ class CheckpointRepository(Repository):
         )
         return [_stored(row) for row in await self._execute(query)]
 
+    async def find(
+        self, agent_id: uuid.UUID | str, session_key: str, checkpoint_ns: str, checkpoint_id: str | None
+    ) -> StoredCheckpoint | None:
+        """The checkpoint of the agent's session with this key (the newest without an id), or None.
+
+        One statement, the session found by its key in it.
+        """
+        key = check_name(session_key, "session_key", blank=True)
+        params = {
+            "tenant": self._owner,
+            "agent": as_uuid(agent_id, "agent_id"),
+            "key": key,
+            "ns": checkpoint_ns,
+        }
+        if checkpoint_id is None:
+            rows = await fetch(self.link, _LATEST, params)
+        else:
+            rows = await fetch(self.link, _BY_ID, {**params, "checkpoint_id": checkpoint_id})
+        return _stored(rows[0]) if rows else None
+
     async def heads(
         self, agent_id: uuid.UUID | str, session_id: uuid.UUID | str
     ) -> builtins.list[StoredCheckpoint]:
@@ -249,16 +323,17 @@ class CheckpointRepository(Repository):
     ) -> dict[tuple[str, str], Value]:
         """The stored values of these `(channel, version)`s of a session's namespace (if stored)."""
         pairs = sorted(set(wanted))
-        if not pairs:
-            return {}
-        table = CHECKPOINT_BLOBS
-        query = sa.select(table.c.channel, table.c.version, table.c.value_type, table.c.value).where(
-            *self._session(table, agent_id, session_id),
-            table.c.checkpoint_ns == checkpoint_ns,
-            sa.tuple_(table.c.channel, table.c.version).in_(pairs),
-        )
-        rows: builtins.list[Any] = list(await self._execute(query))
-        return {(row[0], row[1]): (row[2], row[3]) for row in rows}
+        params: dict[str, Any] = {"tenant": self._owner, "agent": as_uuid(agent_id, "agent_id")}
+        params.update(session_id=session_id, ns=checkpoint_ns)
+        found: dict[tuple[str, str], Value] = {}
+        for start in range(0, len(pairs), _PAIRS):
+            chunk = pairs[start : start + _PAIRS]
+            size = 1 << (len(chunk) - 1).bit_length()
+            for index in range(size):
+                params[f"channel_{index}"], params[f"version_{index}"] = chunk[min(index, len(chunk) - 1)]
+            for channel, version, kind, value in await fetch(self.link, _blobs_of(size), params):
+                found[channel, version] = (kind, value)
+        return found
 
     async def writes(
         self, agent_id: uuid.UUID | str, keys: Iterable[CheckpointKey]
@@ -267,6 +342,15 @@ class CheckpointRepository(Repository):
         wanted = sorted(set(keys))
         found: dict[CheckpointKey, builtins.list[StoredWrite]] = {key: [] for key in wanted}
         if not wanted:
+            return found
+        if len(wanted) == 1:  # a graph's aget_tuple: the statement built once
+            (session, ns, checkpoint), agent = wanted[0], as_uuid(agent_id, "agent_id")
+            params = {"tenant": self._owner, "agent": agent, "session_id": session, "ns": ns}
+            written = await fetch(self.link, _WRITES_OF, {**params, "checkpoint_id": checkpoint})
+            found[wanted[0]] = [
+                StoredWrite(task, channel, (kind, value), path, idx)
+                for task, channel, kind, value, path, idx in written
+            ]
             return found
         table = CHECKPOINT_WRITES
         key = (table.c.session_id, table.c.checkpoint_ns, table.c.checkpoint_id)
