@@ -171,6 +171,32 @@ async def test_deleting_the_session_deletes_the_graph_state_and_delete_thread_ke
         assert await uow.sessions.get_by_key(agent, "kept") is not None
 
 
+@pytest.mark.parametrize("ttl", [None, 3600], ids=["no-ttl", "ttl"])
+async def test_a_thread_whose_session_was_deleted_meanwhile_starts_again_in_a_new_session(
+    db: Database, ttl: int | None
+) -> None:
+    # The saver remembers each thread's session; a session deleted behind its back
+    # (another server, a purge) must not fail its next write or lose it.
+    agent = await _agent(db)
+    saver = MemormSaver(db, agent=agent, ttl=ttl)
+    graph = counter().compile(checkpointer=saver)
+    await graph.ainvoke({"steps": [], "count": 1}, thread("again"))
+    async with db.unit_of_work() as uow:
+        first = await uow.sessions.get_by_key(agent, "again")
+        assert first is not None
+        await uow.sessions.delete(first.id)
+    result = await graph.ainvoke({"steps": [], "count": 5}, thread("again"))
+    assert result == {"steps": ["count", "double"], "count": 12}  # a fresh thread: no earlier steps
+    async with db.unit_of_work(read_only=True) as uow:
+        second = await uow.sessions.get_by_key(agent, "again")
+        assert second is not None
+        assert second.id != first.id
+        assert (second.expires_at is None) == (ttl is None)
+    latest = await saver.aget_tuple(thread("again"))
+    assert latest is not None
+    assert latest.checkpoint["channel_values"]["count"] == 12
+
+
 async def test_the_sync_interface_runs_a_graph_from_a_worker_thread(db: Database) -> None:
     agent = await _agent(db)
     saver = MemormSaver(db, agent=agent)

@@ -27,9 +27,9 @@ from __future__ import annotations
 import builtins
 import random
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import anyio
 from langchain_core.runnables import RunnableConfig
@@ -46,7 +46,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from memorm.compat._sync import BRIDGE
 from memorm.db import Database
-from memorm.errors import DatabaseError, ValidationError
+from memorm.errors import DatabaseError, NotFoundError, ValidationError
 from memorm.models import Agent
 from memorm.repositories.checkpoints import CheckpointKey, StoredCheckpoint, StoredWrite, Value
 from memorm.search.filters import check_json_keys
@@ -60,7 +60,10 @@ PAGE = 100
 
 _EMPTY = "empty"  # a channel that had no value at a version (LangGraph's savers use the same tag)
 _LARGE = 64 * 1024  # bytes of values above which (de)serializing moves to a worker thread
+_SESSIONS_KEPT = 4096  # threads whose session id a saver remembers (then it starts again)
 
+
+_T = TypeVar("_T")
 
 _Loaded = list[tuple[StoredCheckpoint, Checkpoint, dict[tuple[str, str], Value], list[StoredWrite]]]
 """Checkpoints as read, with their channel values and pending writes."""
@@ -165,6 +168,11 @@ class MemormSaver(BaseCheckpointSaver[str]):
         self.db = db
         self.agent_id = as_uuid(agent.id if isinstance(agent, Agent) else agent, "agent")
         self.ttl = None if ttl is None else check_duration(ttl, "ttl")
+        # Thread key -> session id, of sessions this saver made or found: a write
+        # needs no lookup.  A session deleted since fails the write's foreign key
+        # (or its expiry's update) and is looked up again (`_in_session`).
+        self._sessions: dict[str, uuid.UUID] = {}
+        self._large = False  # the last values serialized were large: serialize the next in a thread
 
     def __repr__(self) -> str:
         return f"MemormSaver(agent={self.agent_id})"
@@ -458,7 +466,9 @@ class MemormSaver(BaseCheckpointSaver[str]):
                 )
             return self._dump(bare, "checkpoint"), blobs
 
-        value, blobs = await anyio.to_thread.run_sync(dump)
+        value, blobs = await self._serialize(
+            dump, lambda done: len(done[0][1]) + sum(len(blob or b"") for _, blob in done[1].values())
+        )
         key = CheckpointKey(uuid.UUID(int=0), where.ns, checkpoint["id"])  # the session is known once stored
         return where, StoredCheckpoint(key, where.checkpoint_id, value, meta), blobs
 
@@ -493,34 +503,87 @@ class MemormSaver(BaseCheckpointSaver[str]):
                 for idx, (channel, value) in enumerate(items)
             ]
 
-        rows = await anyio.to_thread.run_sync(dump)
+        rows = await self._serialize(dump, lambda done: sum(len(row.value[1] or b"") for row in done))
         return where, rows, all(channel in WRITES_IDX_MAP for channel, _ in items)
 
-    async def _session(self, uow: UnitOfWork, key: str) -> uuid.UUID:
-        """The thread's session, made on its first write (its expiry moved when the saver has a `ttl`)."""
+    async def _serialize(self, dump: Callable[[], _T], size: Callable[[_T], int]) -> _T:
+        """Run `dump` (the serializer's work) here, or in a worker thread after a large one.
+
+        A thread's values tend to stay the size they are: small ones cost less
+        than the hop to a thread, large ones must not hold up the event loop.
+        """
+        done = await anyio.to_thread.run_sync(dump) if self._large else dump()
+        self._large = size(done) > _LARGE
+        return done
+
+    async def _session(self, uow: UnitOfWork, key: str, known: uuid.UUID | None = None) -> uuid.UUID:
+        """The thread's session (`known`: its id as remembered), made on its first write.
+
+        With a `ttl`, its expiry moves to `ttl` from now.
+        """
+        if known is not None:
+            if self.ttl is None:
+                return known
+            try:
+                await uow.sessions.touch(known, ttl=self.ttl)
+                return known
+            except NotFoundError:  # deleted since: found or made again below
+                pass
         chat = await uow.sessions.get_or_create(self.agent_id, key, ttl=self.ttl)
         if self.ttl is not None:
             await uow.sessions.touch(chat.id, ttl=self.ttl)
         return chat.id
 
+    async def _in_session(
+        self, db: Database, key: str, write: Callable[[UnitOfWork, uuid.UUID], Awaitable[None]]
+    ) -> None:
+        """Run `write` in a unit of work, with the thread's session (made if need be).
+
+        The session's id is remembered once committed (LangGraph writes a
+        step's checkpoint and writes concurrently: another unit of work must
+        not see an id before its row).  A remembered session deleted since
+        fails the write (its foreign key): the write runs again in a new unit
+        of work, the session looked up anew.
+        """
+        known = self._sessions.get(key)
+        try:
+            async with db.unit_of_work() as uow:
+                session = await self._session(uow, key, known)
+                await write(uow, session)
+        except NotFoundError:
+            if known is None:
+                raise
+            self._sessions.pop(key, None)
+            async with db.unit_of_work() as uow:
+                session = await self._session(uow, key)
+                await write(uow, session)
+        if session != known:
+            if len(self._sessions) >= _SESSIONS_KEPT:
+                self._sessions.clear()
+            self._sessions[key] = session
+
     async def _put(
         self, db: Database, where: _Thread, stored: StoredCheckpoint, blobs: dict[tuple[str, str], Value]
     ) -> None:
-        async with db.unit_of_work() as uow:
-            session = await self._session(uow, where.key)
+        async def write(uow: UnitOfWork, session: uuid.UUID) -> None:
             key = stored.key._replace(session_id=session)
             await uow.checkpoints.put(self.agent_id, stored._replace(key=key), blobs)
+
+        await self._in_session(db, where.key, write)
 
     async def _put_writes(
         self, db: Database, where: _Thread, rows: builtins.list[StoredWrite], replace: bool
     ) -> None:
         if not rows:
             return
-        assert where.checkpoint_id is not None
-        async with db.unit_of_work() as uow:
-            session = await self._session(uow, where.key)
-            key = CheckpointKey(session, where.ns, where.checkpoint_id)
+        checkpoint_id = where.checkpoint_id
+        assert checkpoint_id is not None
+
+        async def write(uow: UnitOfWork, session: uuid.UUID) -> None:
+            key = CheckpointKey(session, where.ns, checkpoint_id)
             await uow.checkpoints.put_writes(self.agent_id, key, rows, replace=replace)
+
+        await self._in_session(db, where.key, write)
 
     async def _delete_thread(self, db: Database, key: str) -> None:
         async with db.unit_of_work() as uow:
