@@ -38,6 +38,7 @@ __all__ = [
     "Row",
     "Samples",
     "Store",
+    "alternate",
     "asyncpg_dsn",
     "format_seconds",
     "postgres_unavailable",
@@ -220,6 +221,18 @@ async def timed(fn: Callable[[], Awaitable[Any]], samples: Samples, *, collect: 
     result = await fn()
     samples.add(time.perf_counter() - start)
     return result
+
+
+async def alternate(
+    operations: tuple[Callable[[], Awaitable[Any]], Callable[[], Awaitable[Any]]], reps: int
+) -> tuple[Samples, Samples]:
+    """Time two operations `reps` times each, alternating (which goes first too); their samples."""
+    first, second = Samples(), Samples()
+    for turn in range(reps):
+        pairs = ((operations[0], first), (operations[1], second))[:: 1 if turn % 2 else -1]
+        for operation, samples in pairs:
+            await timed(operation, samples)
+    return first, second
 
 
 # -- results --------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ The raw column is LangGraph's saver; the target is 1.0 (no slower).
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver, Checkpoint, empty_che
 from langgraph.checkpoint.base.id import uuid6
 
 from benchmarks.chat_data import make_messages
-from benchmarks.common import Row, Samples, Store, asyncpg_dsn, store, timed
+from benchmarks.common import Row, Store, alternate, asyncpg_dsn, store
 from memorm import Database
 from memorm.compat.langgraph import MemormSaver
 
@@ -130,17 +130,6 @@ async def _langgraph(where: Store) -> AsyncIterator[BaseCheckpointSaver[Any]]:
         yield saver
 
 
-async def _alternate(
-    operations: tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]]], reps: int
-) -> tuple[Samples, Samples]:
-    ours, theirs = Samples(), Samples()
-    for turn in range(reps):
-        pairs = ((operations[0], ours), (operations[1], theirs))[:: 1 if turn % 2 else -1]
-        for operation, samples in pairs:
-            await timed(operation, samples)
-    return ours, theirs
-
-
 async def run(engines: Sequence[str], *, quick: bool = False) -> list[Row]:
     reps = 30 if quick else 300
     rows: list[Row] = []
@@ -152,7 +141,7 @@ async def run(engines: Sequence[str], *, quick: bool = False) -> list[Row]:
             for _ in range(5):  # warm-up: connections, prepared statements
                 await ours_thread.step_once()
                 await their_thread.step_once()
-            mine, other = await _alternate((ours_thread.step_once, their_thread.step_once), reps)
+            mine, other = await alternate((ours_thread.step_once, their_thread.step_once), reps)
             rows.append(
                 Row(NAME, engine, "graph step: aput + aput_writes", mine, other, target=TARGET, note=note)
             )
@@ -160,10 +149,10 @@ async def run(engines: Sequence[str], *, quick: bool = False) -> list[Row]:
             for _ in range(THREAD_CHECKPOINTS):
                 await reader.step_once()
                 await their_reader.step_once()
-            mine, other = await _alternate((reader.latest, their_reader.latest), reps)
+            mine, other = await alternate((reader.latest, their_reader.latest), reps)
             name = f"aget_tuple, latest of {THREAD_CHECKPOINTS}"
             rows.append(Row(NAME, engine, name, mine, other, target=TARGET, note=note))
-            mine, other = await _alternate((reader.newest, their_reader.newest), reps)
+            mine, other = await alternate((reader.newest, their_reader.newest), reps)
             note += " (no goal: listing is not on a graph's hot path)"
             rows.append(Row(NAME, engine, "alist, newest 10", mine, other, note=note))
     return rows

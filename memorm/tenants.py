@@ -164,6 +164,9 @@ def _check_role(role: object) -> str:
     return role
 
 
+_ROLE_LOCK = 0x6D656D6F726D_01  # "memorm", 1: the advisory lock create_role holds
+
+
 async def create_role(db: Database, role: str, *, password: str | None = None) -> list[str]:
     """Create (or update) `role`: a login role for the application, subject to row-level security.
 
@@ -193,6 +196,10 @@ async def create_role(db: Database, role: str, *, password: str | None = None) -
             await connection.exec_driver_sql(str(statement))
 
         with translating():
+            # One at a time per database: each GRANT CONNECT rewrites the database's
+            # catalog row, and two transactions doing so at once fail ("tuple
+            # concurrently updated") instead of waiting for each other.
+            await connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _ROLE_LOCK})
             where = await connection.execute(
                 sa.text(
                     "SELECT schemaname, tableowner FROM pg_tables "

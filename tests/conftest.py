@@ -332,16 +332,21 @@ async def _drop_role(store: Store, role: str) -> None:
     admin = await asyncpg.connect(asyncpg_dsn())
     try:
         await admin.execute(f'DROP SCHEMA IF EXISTS "{store.schema}" CASCADE')
-        for attempt in range(5):
-            try:  # the role's grant on the database is a catalog row other test runs may be updating
-                await admin.execute(f'DROP OWNED BY "{role}"; DROP ROLE IF EXISTS "{role}"')
-                break
-            except asyncpg.InternalServerError as error:
-                if "concurrently updated" not in str(error) or attempt == 4:
-                    raise
-                await asyncio.sleep(0.1)
+        await drop_role(admin, role)
     finally:
         await admin.close()
+
+
+async def drop_role(admin: asyncpg.Connection, role: str) -> None:
+    """Drop a role a test made, with what it was granted."""
+    for attempt in range(5):
+        try:  # the role's grant on the database is a catalog row other test runs may be updating
+            await admin.execute(f'DROP OWNED BY "{role}"; DROP ROLE IF EXISTS "{role}"')
+            return
+        except asyncpg.InternalServerError as error:
+            if "concurrently updated" not in str(error) or attempt == 4:
+                raise
+            await asyncio.sleep(0.1)
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ so the policies (and the tenant setting each transaction makes) really run.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from typing import Any
 import asyncpg
 import pytest
 import sqlalchemy as sa
-from conftest import Store, app_role, asyncpg_dsn
+from conftest import Store, app_role, asyncpg_dsn, drop_role
 from sqlalchemy.engine import make_url
 
 from memorm import Database, ValidationError
@@ -206,6 +207,32 @@ async def test_create_role_is_idempotent_and_refuses_the_tables_owner(roles: Rol
     assert tuple(flags) == (False, False, True)
     with pytest.raises(ValidationError, match="owns memorm's tables"):
         await create_role(roles.owner, owner)
+
+
+async def test_create_role_run_by_many_at_once_makes_every_role(roles: Roles) -> None:
+    # Each GRANT CONNECT rewrites the database's catalog row: unserialized, two at once
+    # fail with "tuple concurrently updated".
+    names = [f"memorm_many_{uuid.uuid4().hex[:8]}" for _ in range(6)]
+    try:
+        for _ in range(2):  # the second round updates roles that exist
+            await asyncio.gather(*(create_role(roles.owner, name) for name in names))
+        admin = await asyncpg.connect(asyncpg_dsn())
+        try:
+            granted = await admin.fetchval(
+                "SELECT count(*) FROM pg_roles WHERE rolname = ANY($1::text[])"
+                " AND has_database_privilege(rolname, current_database(), 'CONNECT')",
+                names,
+            )
+        finally:
+            await admin.close()
+        assert granted == len(names)
+    finally:
+        admin = await asyncpg.connect(asyncpg_dsn())
+        try:
+            for name in names:
+                await drop_role(admin, name)
+        finally:
+            await admin.close()
 
 
 async def test_all_tenants_works_for_a_superuser_after_create_all(store: Store) -> None:
