@@ -41,6 +41,7 @@ __all__ = [
     "alternate",
     "asyncpg_dsn",
     "format_seconds",
+    "like_memorm",
     "postgres_unavailable",
     "postgres_words",
     "print_goals",
@@ -128,6 +129,17 @@ class Store:
         connection = await asyncpg.connect(asyncpg_dsn(), server_settings=settings)
         await register_tsvector(connection)
         return connection
+
+
+async def like_memorm(connection: Any) -> None:
+    """Give another library's aiosqlite connection memorm's journal settings (WAL, `synchronous=NORMAL`).
+
+    SQLite's defaults (a rollback journal, `synchronous=FULL`) sync the file
+    on every commit; memorm's settings do not.  A baseline compared with
+    memorm gets the same, or the comparison times fsync.
+    """
+    await connection.execute("PRAGMA journal_mode = WAL")
+    await connection.execute("PRAGMA synchronous = NORMAL")
 
 
 def sqlite_words(text: str) -> str:

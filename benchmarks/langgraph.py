@@ -1,7 +1,8 @@
 """LangGraph's checkpointer on memorm against LangGraph's own savers.
 
 Issue #17's goal: `MemormSaver` no slower than `langgraph-checkpoint-sqlite`
-(`AsyncSqliteSaver`, on its own aiosqlite connection) and
+(`AsyncSqliteSaver`, on its own aiosqlite connection, in WAL mode with
+`synchronous=NORMAL` as memorm's: SQLite's default journal would time fsync) and
 `langgraph-checkpoint-postgres` (`AsyncPostgresSaver`, on a psycopg pool set
 up as LangGraph's docs say: autocommit, dict rows, no prepared statements),
 each in a store of its own on the same engine, the two sides alternating
@@ -32,7 +33,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver, Checkpoint, empty_che
 from langgraph.checkpoint.base.id import uuid6
 
 from benchmarks.chat_data import make_messages
-from benchmarks.common import Row, Store, alternate, asyncpg_dsn, store
+from benchmarks.common import Row, Store, alternate, asyncpg_dsn, like_memorm, store
 from memorm import Database
 from memorm.compat.langgraph import MemormSaver
 
@@ -113,6 +114,7 @@ async def _langgraph(where: Store) -> AsyncIterator[BaseCheckpointSaver[Any]]:
         assert where.path is not None
         path = Path(where.path).with_name("langgraph.db")
         async with aiosqlite.connect(path) as connection:
+            await like_memorm(connection)
             saver = AsyncSqliteSaver(connection)
             await saver.setup()
             yield saver

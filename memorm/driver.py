@@ -48,9 +48,11 @@ if TYPE_CHECKING:
 __all__ = [
     "COPY_THRESHOLD",
     "WATCHERS",
+    "Insert",
     "OnConflict",
     "fetch",
     "in_transaction",
+    "insert_many",
     "insert_rows",
     "interrupt",
     "sent",
@@ -73,6 +75,15 @@ COPY_THRESHOLD = 64  # rows; below this a prepared INSERT beats COPY's set-up on
 _UNSET = object()
 
 
+class Insert(NamedTuple):
+    """Rows for one table: tuples of values in `columns` order, and what a taken key does (`OnConflict`)."""
+
+    table: sa.Table
+    columns: Sequence[str]
+    rows: Sequence[Sequence[Any]]
+    on_conflict: OnConflict = "error"
+
+
 async def insert_rows(
     link: Link,
     table: sa.Table,
@@ -88,29 +99,46 @@ async def insert_rows(
     replace the stored row's other columns (`"update"`).  Both engines
     spell it `ON CONFLICT (key) DO …`.
     """
-    if not rows:
+    await insert_many(link, [Insert(table, columns, rows, on_conflict)])
+
+
+async def insert_many(link: Link, inserts: Sequence[Insert]) -> None:
+    """`insert_rows` for several tables, in order; on SQLite in one trip to aiosqlite's thread."""
+    inserts = [insert for insert in inserts if insert.rows]
+    if not inserts:
         return
     check_writable(link)
-    names, sources = _with_derived(table, tuple(columns))
+    dialect = link.dialect
     async with guarded(link):
-        dialect = link.dialect
-        records = _convert(_processors(dialect, table, names), rows, sources)
+        prepared = []
+        for table, columns, rows, on_conflict in inserts:
+            names, sources = _with_derived(table, tuple(columns))
+            records = _convert(_processors(dialect, table, names), rows, sources)
+            prepared.append(
+                (table, names, records, _insert_sql(dialect, table, names, on_conflict), on_conflict)
+            )
+        if link.sqlite:  # the BEGIN, if one is due, goes along (see _sqlite_run)
+            if WATCHERS:
+                if link.needs_begin:
+                    sent(link, "BEGIN IMMEDIATE")
+                for _, _, records, sql, _ in prepared:
+                    sent(link, sql, records)
+            await _sqlite_run(link, [(sql, records, True) for _, _, records, sql, _ in prepared])
+            return
         await link.ready()
         driver = link.driver
-        # A unit of work that sets its tenant runs under row-level security, and
-        # Postgres refuses COPY FROM to a table with row-level security.  COPY knows no conflicts.
-        copy = not link.sqlite and TENANT not in link.info and on_conflict == "error"
-        sql = _insert_sql(dialect, table, names, on_conflict)
-        if WATCHERS:
-            sent(link, f"COPY {table.name}" if copy and len(records) >= COPY_THRESHOLD else sql, records)
-        if copy and len(records) >= COPY_THRESHOLD:
-            await driver.copy_records_to_table(table.name, records=records, columns=names)
-        elif len(records) == 1 and link.sqlite:
-            await driver.execute_fetchall(sql, records[0])
-        elif len(records) == 1:
-            await driver.execute(sql, *records[0])
-        else:
-            await driver.executemany(sql, records)
+        for table, names, records, sql, on_conflict in prepared:
+            # A unit of work that sets its tenant runs under row-level security, and Postgres
+            # refuses COPY FROM to a table with row-level security.  COPY knows no conflicts.
+            copy = TENANT not in link.info and on_conflict == "error" and len(records) >= COPY_THRESHOLD
+            if WATCHERS:
+                sent(link, f"COPY {table.name}" if copy else sql, records)
+            if copy:
+                await driver.copy_records_to_table(table.name, records=records, columns=names)
+            elif len(records) == 1:
+                await driver.execute(sql, *records[0])
+            else:
+                await driver.executemany(sql, records)
 
 
 @lru_cache(maxsize=256)
@@ -209,10 +237,10 @@ async def fetch(link: Link, statement: Any, params: dict[str, Any]) -> list[tupl
     values = [v if p is None or v is None else p(v) for p, v in zip(binds, given, strict=True)]
     if link.sqlite:
         if WATCHERS:
-            if link.needs_begin:  # it goes along (see _sqlite_fetch)
+            if link.needs_begin:  # it goes along (see _sqlite_run)
                 sent(link, "BEGIN IMMEDIATE")
             sent(link, sql, values)
-        rows = await _sqlite_fetch(link, sql, values)
+        rows = await _sqlite_run(link, [(sql, values, False)])
     else:
         await link.ready()
         if WATCHERS:
@@ -223,29 +251,42 @@ async def fetch(link: Link, statement: Any, params: dict[str, Any]) -> list[tupl
     return _decode(rows, results)
 
 
-async def _sqlite_fetch(link: Link, sql: str, values: Sequence[Any]) -> list[Any]:
-    """A statement's rows on aiosqlite: one trip to its thread, the `BEGIN` too if one is due.
+Statement = tuple[str, Sequence[Any], bool]  # SQL, its values, and whether once per row of them
+
+
+async def _sqlite_run(link: Link, statements: Sequence[Statement]) -> list[Any]:
+    """Statements on aiosqlite, in one trip to its thread, the `BEGIN` too if one is due.
 
     aiosqlite runs each call in its connection's thread, a hop that costs
     more than a short statement itself; a unit of work's first statement
-    takes its `BEGIN IMMEDIATE` along (through aiosqlite's own queue of calls).
+    takes its `BEGIN IMMEDIATE` along (through aiosqlite's own queue of
+    calls).  Returns the last statement's rows (none if run once per row).
     """
     driver = link.driver
-    if not link.needs_begin:
-        return list(await driver.execute_fetchall(sql, values))
-    link.begun = True
+    begin = link.needs_begin
+    if begin:
+        link.begun = True
     try:
-        return list(await driver._execute(_begin_and_fetch, driver, sql, values))
+        return list(await driver._execute(_run, driver, statements, begin))
     except BaseException:
-        link.begun = bool(driver.in_transaction)
+        if begin:
+            link.begun = bool(driver.in_transaction)
         raise
 
 
-def _begin_and_fetch(driver: Any, sql: str, values: Sequence[Any]) -> list[Any]:
-    """In aiosqlite's thread: begin the writer's transaction, then run the statement."""
+def _run(driver: Any, statements: Sequence[Statement], begin: bool) -> list[Any]:
+    """In aiosqlite's thread: begin the writer's transaction if `begin`, then run the statements."""
     connection = driver._conn
-    connection.execute("BEGIN IMMEDIATE")
-    return list(connection.execute(sql, values).fetchall())
+    if begin:
+        connection.execute("BEGIN IMMEDIATE")
+    rows: list[Any] = []
+    for sql, values, many in statements:
+        if many:
+            connection.executemany(sql, values)
+            rows = []
+        else:
+            rows = connection.execute(sql, values).fetchall()
+    return rows
 
 
 @lru_cache(maxsize=256)

@@ -191,8 +191,9 @@ class MemormSaver(BaseCheckpointSaver[str]):
             found = await uow.checkpoints.find(self.agent_id, where.key, where.ns, where.checkpoint_id)
             if found is None:
                 return None
-            loaded = await self._complete(uow, [found])
-        tuples = await self._tuples(loaded, {found.key.session_id: where.thread_id})
+            stored, writes = found
+            loaded = await self._complete(uow, [stored], {stored.key: writes})
+        tuples = await self._tuples(loaded, {stored.key.session_id: where.thread_id})
         return tuples[0]
 
     async def alist(
@@ -358,10 +359,16 @@ class MemormSaver(BaseCheckpointSaver[str]):
         )
         return await self._tuples(loaded, threads)
 
-    async def _complete(self, uow: UnitOfWork, found: builtins.list[StoredCheckpoint]) -> _Loaded:
-        """The checkpoints with their channel values and pending writes, read in this unit of work."""
+    async def _complete(
+        self,
+        uow: UnitOfWork,
+        found: builtins.list[StoredCheckpoint],
+        writes: Mapping[CheckpointKey, builtins.list[StoredWrite]] | None = None,
+    ) -> _Loaded:
+        """The checkpoints with their channel values and pending writes (unless given), read in `uow`."""
         checkpoints = [self._load(stored.value, "a checkpoint") for stored in found]
-        writes = await uow.checkpoints.writes(self.agent_id, [stored.key for stored in found])
+        if writes is None:
+            writes = await uow.checkpoints.writes(self.agent_id, [stored.key for stored in found])
         groups: dict[tuple[uuid.UUID, str], set[tuple[str, str]]] = {}
         for stored, checkpoint in zip(found, checkpoints, strict=True):
             versions = checkpoint.get("channel_versions") or {}

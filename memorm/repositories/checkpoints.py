@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.sql import ColumnElement
 
-from memorm.driver import fetch, insert_rows
+from memorm.driver import Insert, fetch, insert_many, insert_rows
 from memorm.models import CHECKPOINT_BLOBS, CHECKPOINT_TABLES, CHECKPOINT_WRITES, CHECKPOINTS, SESSIONS
 from memorm.repositories.base import Repository
 from memorm.search.filters import json_key_conditions
@@ -123,8 +123,34 @@ _THREAD = (
         *_bound(CHECKPOINTS, "tenant", "agent_id", "checkpoint_ns"),
     )
 )
-_LATEST = _THREAD.order_by(CHECKPOINTS.c.checkpoint_id.desc()).limit(1)  # a thread's newest checkpoint
-_BY_ID = _THREAD.where(CHECKPOINTS.c.checkpoint_id == sa.bindparam("checkpoint_id"))
+
+
+def _with_writes(found: sa.Select[Any]) -> sa.Select[Any]:
+    """`found` (one checkpoint at most) with its pending writes, in order: a row per write (or one)."""
+    checkpoint = found.subquery("found")
+    writes = CHECKPOINT_WRITES
+    theirs = sa.and_(
+        *_bound(writes, "tenant", "agent_id"),
+        *(writes.c[name] == checkpoint.c[name] for name in ("session_id", "checkpoint_ns", "checkpoint_id")),
+    )
+    return (
+        sa.select(
+            *checkpoint.c,
+            writes.c.task_id,
+            writes.c.channel,
+            writes.c.value_type.label("write_type"),
+            writes.c.value.label("write_value"),
+            writes.c.task_path,
+            writes.c.idx,
+        )
+        .select_from(checkpoint.outerjoin(writes, theirs))
+        .order_by(writes.c.task_path, writes.c.task_id, writes.c.idx)
+    )
+
+
+# A thread's newest checkpoint, or the one of an id, with its writes: one statement.
+_LATEST = _with_writes(_THREAD.order_by(CHECKPOINTS.c.checkpoint_id.desc()).limit(1))
+_BY_ID = _with_writes(_THREAD.where(CHECKPOINTS.c.checkpoint_id == sa.bindparam("checkpoint_id")))
 _WRITES_OF = (  # one checkpoint's pending writes, in order
     sa.select(
         CHECKPOINT_WRITES.c.task_id,
@@ -192,12 +218,15 @@ class CheckpointRepository(Repository):
             (owner, agent, session, ns, channel, version, kind, value)
             for (channel, version), (kind, value) in blobs.items()
         ]
-        await insert_rows(self.link, CHECKPOINT_BLOBS, _BLOB_COLUMNS, rows, on_conflict="ignore")
         kind, value = checkpoint.value
         meta = check_json_object(checkpoint.meta, "metadata")
         row = (owner, agent, session, ns, checkpoint_id, checkpoint.parent_checkpoint_id, kind, value, meta)
-        await insert_rows(
-            self.link, CHECKPOINTS, _CHECKPOINT_COLUMNS, [(*row, utcnow())], on_conflict="update"
+        await insert_many(
+            self.link,
+            [
+                Insert(CHECKPOINT_BLOBS, _BLOB_COLUMNS, rows, "ignore"),
+                Insert(CHECKPOINTS, _CHECKPOINT_COLUMNS, [(*row, utcnow())], "update"),
+            ],
         )
 
     async def put_writes(
@@ -271,10 +300,11 @@ class CheckpointRepository(Repository):
 
     async def find(
         self, agent_id: uuid.UUID | str, session_key: str, checkpoint_ns: str, checkpoint_id: str | None
-    ) -> StoredCheckpoint | None:
-        """The checkpoint of the agent's session with this key (the newest without an id), or None.
+    ) -> tuple[StoredCheckpoint, builtins.list[StoredWrite]] | None:
+        """The checkpoint of the agent's session with this key (the newest without an id) and its writes.
 
-        One statement, the session found by its key in it.
+        None if there is none.  One statement: the session is found by its
+        key in it, and the writes come along.
         """
         key = check_name(session_key, "session_key", blank=True)
         params = {
@@ -287,7 +317,14 @@ class CheckpointRepository(Repository):
             rows = await fetch(self.link, _LATEST, params)
         else:
             rows = await fetch(self.link, _BY_ID, {**params, "checkpoint_id": checkpoint_id})
-        return _stored(rows[0]) if rows else None
+        if not rows:
+            return None
+        writes = [
+            StoredWrite(task, channel, (kind, value), path, idx)
+            for task, channel, kind, value, path, idx in (row[8:] for row in rows)
+            if task is not None
+        ]
+        return _stored(rows[0][:8]), writes
 
     async def heads(
         self, agent_id: uuid.UUID | str, session_id: uuid.UUID | str
