@@ -24,6 +24,7 @@ from sqlalchemy.engine import make_url
 
 from memorm import Database, ValidationError
 from memorm.cli import main
+from memorm.compat.langgraph import MemormSaver
 from memorm.models import fields
 from memorm.transfer import TABLES, copy_database, digest_database, export_jsonl, import_jsonl
 from memorm.transfer.rows import key_columns
@@ -357,7 +358,17 @@ class TestApplicationRole:
                 await uow.messages.append(
                     chat.id, [{"role": "user", "content": f"{tenant} {n}"} for n in range(70)]
                 )
+            # Graph state too, whose tables row-level security covers as well.
+            from tests.test_transfer_graph import _graph as graph  # it imports this module
+
+            saver = MemormSaver(roles.app.for_tenant(tenant), agent=agent.id)
+            await (
+                graph(ask=True)
+                .compile(checkpointer=saver)
+                .ainvoke({"Alpha": 1, "beta": [], "Zed": ""}, {"configurable": {"thread_id": "t"}})
+            )
         expected = await digest_database(roles.owner, tenant="a")
+        assert expected["graph_writes"].count > 0
         with pytest.raises(ValidationError, match=r"bypasses row-level security.*--tenant NAME"):
             await export_jsonl(roles.app, tmp_path / "all.jsonl")
         assert not (tmp_path / "all.jsonl").exists()
@@ -365,6 +376,7 @@ class TestApplicationRole:
         file = tmp_path / "a.jsonl"
         written = await export_jsonl(roles.app, file, tenant="a")
         assert written["messages"] == 70
+        assert written["graph_checkpoints"] == expected["graph_checkpoints"].count
         async with Database(f"sqlite:///{tmp_path / 'copy.db'}") as copy:
             report = await copy_database(roles.app, copy, tenant="a")
             assert not report.problems
@@ -373,5 +385,6 @@ class TestApplicationRole:
         await roles.app.delete_tenant("a")
         report = await import_jsonl(roles.app, file, tenant="a")
         assert report.inserted["messages"] == 70
+        assert report.inserted["graph_blobs"] == expected["graph_blobs"].count
         assert await digest_database(roles.owner, tenant="a") == expected
         assert (await digest_database(roles.owner, tenant="b"))["messages"].count == 70
