@@ -211,3 +211,28 @@ def test_a_tenants_copy_carries_its_graph_state_only(
         name: len([row for row in every[name] if row["tenant"] == "acme"]) for name in GRAPH_TABLES
     }
     assert _resume(destination, "acme") == (DONE, RESUMED)
+
+
+def test_an_export_from_before_the_graph_tables_still_imports(tmp_path: Path) -> None:
+    """A file of revision 0011 names no graph-state table in its header or end record."""
+    source, destination = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+    asyncio.run(_plain(source))
+    file = tmp_path / "old.jsonl"
+    assert main(["export", source, str(file)]) == 0
+    lines = [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines()]
+    lines[0]["revision"] = "0011"
+    for record in (lines[0], lines[-1]):
+        for name in GRAPH_TABLES:
+            del record["tables"][name]
+    file.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    assert main(["import", destination, str(file)]) == 0
+    assert dump(destination) == dump(source)
+
+
+async def _plain(url: str) -> None:
+    async with Database(url) as db:
+        await db.upgrade()
+        async with db.unit_of_work() as uow:
+            agent = await uow.agents.create("plain")
+            chat = await uow.sessions.create(agent.id, key="k")
+            await uow.messages.append(chat.id, [{"role": "user", "content": "hi"}])

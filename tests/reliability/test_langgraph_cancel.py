@@ -251,8 +251,14 @@ async def test_sync_put_and_get_tuple_from_threads_running_asyncio_run_beside_th
     failures: list[BaseException] = []
     timed_out = [0] * SYNC_THREADS
 
+    thread_errors: list[dict[str, Any]] = []
+
     def thread(index: int) -> None:
         async def work() -> None:
+            # What reaches this loop's exception handler is recorded, as loop_errors does on the main loop.
+            asyncio.get_running_loop().set_exception_handler(
+                lambda _loop, context: thread_errors.append(context)
+            )
             for n in range(1, SYNC_RUNS + 1):
                 checkpoint, metadata, versions = _checkpoint(n)
                 stored = saver.put(_config(f"sync-{index}"), checkpoint, metadata, versions)  # type: ignore[arg-type]
@@ -264,6 +270,7 @@ async def test_sync_put_and_get_tuple_from_threads_running_asyncio_run_beside_th
                     await asyncio.wait_for(_put(saver, f"cancelled-{index}", n), 0.0005 * (n % 6))
                 except asyncio.TimeoutError:
                     timed_out[index] += 1
+            await settle()
 
         try:
             asyncio.run(work())
@@ -298,6 +305,8 @@ async def test_sync_put_and_get_tuple_from_threads_running_asyncio_run_beside_th
         await settle()
     assert failures == []
     assert errors == []
+    assert thread_errors == []
+    assert sum(timed_out) > 0  # the threads' own cancellations did land
     assert main_puts > 0
     assert db.engine.pool.checkedout() == 0
     await assert_clean(db, store)
