@@ -248,7 +248,8 @@ class Database:
 
         Each batch of `batch` rows is its own transaction, so no lock is
         held for long.  Full-text entries and cached vectors go too; with
-        `dry_run`, returns the rows there are and deletes nothing.  See
+        `dry_run`, returns the rows there are and deletes nothing.  The
+        counts name the graph-state tables too (`graph_checkpoints`…).  See
         [`memorm.tenants.delete_tenant`][memorm.tenants.delete_tenant].
         """
         from memorm.tenants import delete_tenant

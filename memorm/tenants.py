@@ -48,8 +48,10 @@ _DELETE_ORDER: tuple[sa.Table, ...] = (
     EMBEDDING_MODELS,
     AGENTS,
 )
-# The tables counted per tenant; the graph state goes with its sessions, uncounted.
+# The tables `list_tenants` counts per tenant.
 _TABLES: tuple[sa.Table, ...] = (AGENTS, EMBEDDING_MODELS, SESSIONS, MESSAGES, PASSAGES)
+# The tables `delete_tenant` counts: those, and the graph state of the sessions.
+_DELETED: tuple[sa.Table, ...] = (*_TABLES, *CHECKPOINT_TABLES)
 
 
 async def list_tenants(db: Database) -> dict[str, dict[str, int]]:
@@ -83,16 +85,18 @@ async def delete_tenant(
     entries go with their rows (on SQLite the index is merged, as by
     `forget`), and the in-process vector cache drops the tenant's matrices.
     Returns the rows deleted per table (with `dry_run`, the rows there are;
-    nothing changes); the graph-state tables (`memorm.models.GraphCheckpoint`…)
-    are emptied too, in batches of their own, and not counted.  Works with
-    the application role: the units of work are the tenant's own.
+    nothing changes): agents, embedding models, sessions, messages, archival
+    passages, and the graph state of the sessions (`graph_checkpoints`,
+    `graph_writes`, `graph_blobs`: what `memorm.compat.langgraph` stores),
+    every table named even when it held none.  Works with the application
+    role: the units of work are the tenant's own.
     """
     owner = check_tenant(tenant)
     size = check_int(batch, "batch", minimum=1, maximum=1_000_000)
     view = db.for_tenant(owner)
-    counts = {table.name: 0 for table in _TABLES}
+    counts = {table.name: 0 for table in _DELETED}
     async with view.unit_of_work(read_only=True) as uow:
-        for table in _TABLES:
+        for table in _DELETED:
             with translating():
                 counts[table.name] = int(
                     await uow.session.scalar(sa.select(sa.func.count()).where(table.c.tenant == owner)) or 0
@@ -100,20 +104,17 @@ async def delete_tenant(
     if check_flag(dry_run, "dry_run"):
         return counts
     report = reporter or Silent()
-    deleted = {table.name: 0 for table in _TABLES}
+    deleted = {table.name: 0 for table in _DELETED}
     for table in _DELETE_ORDER:
-        counted = table.name in counts
-        if counted:
-            report.start(table.name, counts[table.name])
+        report.start(table.name, counts[table.name])
         while True:
             async with view.unit_of_work() as uow:
                 statement = _delete_batch(table, owner, size)
                 with translating():
                     result = await uow.session.execute(statement)
                 done = int(result.rowcount)  # type: ignore[attr-defined]
-            if counted:
-                deleted[table.name] += done
-                report.advance(table.name, done)
+            deleted[table.name] += done
+            report.advance(table.name, done)
             if done < size:
                 break
     async with view.unit_of_work() as uow:  # the agents' names, with the agents gone

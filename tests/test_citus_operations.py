@@ -26,7 +26,7 @@ import anyio
 import asyncpg
 import pytest
 from cli_run import memorm, run
-from tenant_data import FILLED, WORDS, fill, rows_of
+from tenant_data import FILLED, NO_GRAPH, WORDS, fill, rows_of
 
 from memorm import Database, DatabaseError, MemormError
 from memorm.distribute import is_distributed
@@ -47,6 +47,9 @@ from tests.test_cli_retention import (
     snapshot,
 )
 from tests.test_cli_transfer import _check_populated, _populate, dump
+from tests.test_transfer_graph import DONE, RESUMED
+from tests.test_transfer_graph import _resume as graph_resume
+from tests.test_transfer_graph import fill as graph_fill
 from tests.test_transfer_tenants import _check_two_tenants, rows, two_tenants
 
 # Whole-database operations and a rebalance under load: with the long runs (-m long).
@@ -93,7 +96,7 @@ def test_copy_moves_two_tenants_from_postgres_onto_the_cluster_and_back_to_postg
     code, out, err = memorm(capsys, "copy", source, cluster_url)
     assert (code, err) == (0, "")
     assert "copied 16 messages" in out
-    assert "verified: 44 rows in 5 tables match" in out
+    assert "verified: 44 rows in 8 tables match" in out
     assert rows(cluster_url) == expected
     assert _distributed(cluster_url)  # the rows went into the distributed tables
     # The shards computed the search words, and each agent's search runs on its shard.
@@ -105,12 +108,27 @@ def test_copy_moves_two_tenants_from_postgres_onto_the_cluster_and_back_to_postg
     for destination in (postgres_urls.new(), f"sqlite:///{tmp_path / 'from-citus.db'}"):
         code, out, err = memorm(capsys, "copy", cluster_url, destination)
         assert (code, err) == (0, ""), destination
-        assert "verified: 44 rows in 5 tables match" in out
+        assert "verified: 44 rows in 8 tables match" in out
         assert rows(destination) == expected
         assert memorm(capsys, "copy", "--verify-only", cluster_url, destination)[0] == 0
         code, out, err = memorm(capsys, "copy", "--tenant", "a", cluster_url, destination)
         assert (code, err) == (0, "")
-        assert "verified: 22 rows of tenant 'a' in 5 tables match" in out
+        assert "verified: 22 rows of tenant 'a' in 8 tables match" in out
+
+
+def test_copy_carries_the_graph_state_onto_the_cluster_and_the_graph_resumes_there(
+    cluster_urls: citus_kit.ClusterUrls, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, target = f"sqlite:///{tmp_path / 'graphs.db'}", cluster_urls.new()
+    graph_fill(source)
+    expected = dump(source)
+    code, out, err = memorm(capsys, "copy", source, target, "--batch-size", "2")
+    assert (code, err) == (0, "")
+    assert f"copied {len(expected['graph_writes'])} graph_writes\n" in out
+    assert "in 8 tables match" in out
+    assert dump(target) == expected
+    assert _distributed(target)
+    assert graph_resume(target) == (DONE, RESUMED)
 
 
 # -- export / import ---------------------------------------------------------------
@@ -151,7 +169,7 @@ def test_an_export_of_the_cluster_imports_into_sqlite_and_into_another_cluster(
     one = tmp_path / "acme.jsonl"
     assert memorm(capsys, "export", "--tenant", "acme", source, str(one))[0] == 0
     header = json.loads(one.read_text().splitlines()[0])
-    assert (header["tenant"], header["tables"]) == ("acme", FILLED)
+    assert (header["tenant"], header["tables"]) == ("acme", {**FILLED, **NO_GRAPH})
     alone = cluster_urls.new()
     assert memorm(capsys, "import", "--tenant", "acme", alone, str(one))[0] == 0
     assert rows(alone) == rows(source, "acme")
@@ -389,10 +407,11 @@ def test_delete_tenant_empties_one_tenant_on_every_shard_and_leaves_the_other(
 
     globex = run(fill_and_fingerprint())
     code, out, _ = memorm(capsys, "tenant", "delete", "acme", "--dry-run", "--url", cluster_url)
-    assert (code, out.splitlines()) == (0, [f"would delete {n} {table}" for table, n in FILLED.items()])
+    counted = {**FILLED, **NO_GRAPH}
+    assert (code, out.splitlines()) == (0, [f"would delete {n} {table}" for table, n in counted.items()])
     code, out, err = memorm(capsys, "tenant", "delete", "acme", "--batch-size", "2", "--url", cluster_url)
     assert (code, err) == (0, "")
-    assert out.splitlines() == [f"deleted {n} {table}" for table, n in FILLED.items()]
+    assert out.splitlines() == [f"deleted {n} {table}" for table, n in counted.items()]
 
     async def after() -> tuple[dict[str, tuple[int, str]], dict[str, tuple[int, str]], Any]:
         async with Database(cluster_url) as db:

@@ -81,6 +81,7 @@ HELP = [
             ["check"],
             ["stats"],
             ["import-memgpt"],
+            ["import-langgraph"],
             ["purge"],
             ["forget"],
             ["copy"],

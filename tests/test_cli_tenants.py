@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 from cli_run import drawn_progress, memorm, run, usage_error
 from sqlalchemy.engine import make_url
-from tenant_data import FILLED, TABLES, WORDS, fill, rows_of
+from tenant_data import FILLED, NO_GRAPH, TABLES, WORDS, fill, rows_of
 
 from memorm import Database
 from memorm.cli import tenant as tenant_cli
@@ -91,6 +91,9 @@ DELETED = [
     "deleted 3 sessions",
     "deleted 7 messages",
     "deleted 4 archival_passages",
+    "deleted 0 graph_checkpoints",
+    "deleted 0 graph_writes",
+    "deleted 0 graph_blobs",
 ]
 
 
@@ -144,8 +147,65 @@ def test_tenant_delete_reports_progress_per_table(
     bars = drawn_progress(monkeypatch)
     assert memorm(capsys, "tenant", "delete", "globex", "--batch-size", "1", "--url", tenants)[0] == 0
     assert {task.description: (task.completed, task.total) for task in bars[0].tasks} == {
-        table: (count, count) for table, count in FILLED.items()
+        table: (count, count) for table, count in {**FILLED, **NO_GRAPH}.items()
     }
+
+
+async def _graph_state(url: str, *tenants: str) -> dict[str, dict[str, int]]:
+    """Each tenant's graph-state rows, after a LangGraph graph ran in two threads (in one if globex)."""
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    from memorm.compat.langgraph import MemormSaver
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("reply", lambda state: {"messages": [("ai", "hello")]})
+    builder.add_edge(START, "reply")
+    async with Database(url) as db:
+        counts = {}
+        for tenant in tenants:
+            view = db.for_tenant(tenant)
+            async with view.unit_of_work() as uow:
+                agent = await uow.agents.get_by_name("sam")
+            assert agent is not None
+            graph = builder.compile(checkpointer=MemormSaver(view, agent=agent.id))
+            for name in ("t-1", "t-2")[: 1 if tenant == "globex" else 2]:
+                await graph.ainvoke({"messages": [("user", "hi")]}, {"configurable": {"thread_id": name}})
+            async with view.unit_of_work(read_only=True) as uow:
+                counts[tenant] = await _graph_rows(uow, tenant)
+        return counts
+
+
+async def _graph_rows(uow: Any, tenant: str) -> dict[str, int]:
+    query = "SELECT count(*) FROM {} WHERE tenant = :tenant"  # raw SQL: every tenant's rows but for the WHERE
+    return {
+        table: int(await uow.session.scalar(sa.text(query.format(table)), {"tenant": tenant}) or 0)
+        for table in NO_GRAPH
+    }
+
+
+def test_tenant_delete_prints_the_graph_state_it_deletes(
+    tenants: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    graph = run(_graph_state(tenants, "acme", "globex"))
+    assert all(graph["acme"].values())
+    assert graph["acme"]["graph_checkpoints"] == 2 * graph["globex"]["graph_checkpoints"]
+    globex = run(_rows(tenants, "globex"))
+    counted = {**FILLED, "sessions": FILLED["sessions"] + 2, **graph["acme"]}
+    code, out, err = memorm(capsys, "tenant", "delete", "acme", "--dry-run", "--url", tenants)
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [f"would delete {n} {table}" for table, n in counted.items()]
+    code, out, err = memorm(capsys, "tenant", "delete", "acme", "--batch-size", "3", "--url", tenants)
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [f"deleted {n} {table}" for table, n in counted.items()]
+
+    async def left(tenant: str) -> dict[str, int]:
+        async with Database(tenants) as db, db.unit_of_work(tenant, read_only=True) as uow:
+            return await _graph_rows(uow, tenant)
+
+    assert run(left("acme")) == NO_GRAPH
+    assert run(left("globex")) == graph["globex"]
+    after = run(_rows(tenants, "globex"))
+    assert after["globex"]["sessions"][0] == globex["globex"]["sessions"][0]
 
 
 def test_tenant_delete_refuses_bad_names_and_batch_sizes(

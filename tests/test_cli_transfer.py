@@ -25,6 +25,7 @@ from memorm import Database, __version__
 from memorm.cli import main
 from memorm.migrate import head_revision
 from memorm.transfer import TABLES
+from memorm.transfer.rows import key_columns
 from tests.conftest import REQUIRE_POSTGRES, postgres_unavailable, throwaway_postgres
 
 Dump = dict[str, list[dict[str, Any]]]
@@ -97,15 +98,14 @@ async def _populate(url: str) -> None:
 
 
 async def _dump(url: str) -> Dump:
-    """Every row of every table, in id order, read with plain Core selects."""
+    """Every row of every table in key order (id, or a graph-state row's key), read with Core selects."""
     async with Database(url) as db, db.unit_of_work(read_only=True) as uow:
-        return {
-            table.name: [
-                dict(row._mapping)
-                for row in await uow.session.execute(sa.select(*table.c).order_by(table.c.id))
-            ]
-            for table in TABLES
-        }
+        found: Dump = {}
+        for table in TABLES:
+            key = [column.name for column in key_columns(table)]
+            got = [dict(row._mapping) for row in await uow.session.execute(sa.select(*table.c))]
+            found[table.name] = sorted(got, key=lambda row: tuple(row[name] for name in key))
+        return found
 
 
 def dump(url: str) -> Dump:
@@ -139,7 +139,7 @@ def _search_totals(url: str, query: str) -> list[tuple[int, int]]:
 
 def _check_populated(rows: Dump) -> None:
     """The fixture data really has what the copy must carry (so equality means something)."""
-    assert [len(rows[t.name]) for t in TABLES] == [2, 4, 2, 8, 6]
+    assert [len(rows[t.name]) for t in TABLES] == [2, 4, 2, 8, 6, 0, 0, 0]  # no graph state
     assert [row["next_seq"] for row in rows["sessions"]] == [5, 5]
     assert [row["archive_version"] for row in rows["agents"]] == [2, 2]
     assert [row["content"] for row in rows["messages"]].count(None) == 2  # the tool-call messages
@@ -159,7 +159,7 @@ def test_copy_moves_every_row_and_a_second_run_adds_nothing(
     assert main(["copy", source, destination]) == 0
     out = capsys.readouterr().out
     assert "copied 8 messages" in out
-    assert "verified: 22 rows in 5 tables match" in out
+    assert "verified: 22 rows in 8 tables match" in out
     copied = dump(destination)
     assert copied == expected
     _check_populated(copied)
@@ -223,7 +223,7 @@ def test_copy_of_json_negative_zero_from_sqlite_to_postgres_verifies(
     source, destination = f"sqlite:///{tmp_path / 'a.db'}", postgres_urls.new()
     asyncio.run(_negative_zeros(source))
     assert main(["copy", source, destination]) == 0
-    assert "verified: 5 rows in 5 tables match" in capsys.readouterr().out
+    assert "verified: 5 rows in 8 tables match" in capsys.readouterr().out
     assert main(["copy", "--verify-only", source, destination]) == 0
     # Both engines read every zero back unsigned, the raw -0.0 text included.
     for url in (source, destination):
@@ -286,7 +286,16 @@ def test_export_then_import_round_trips_every_row(
         "memorm": __version__,
         "revision": head_revision(),
         "tenant": None,  # every tenant
-        "tables": {"agents": 2, "embedding_models": 4, "sessions": 2, "messages": 8, "archival_passages": 6},
+        "tables": {
+            "agents": 2,
+            "embedding_models": 4,
+            "sessions": 2,
+            "messages": 8,
+            "archival_passages": 6,
+            "graph_checkpoints": 0,
+            "graph_writes": 0,
+            "graph_blobs": 0,
+        },
     }
     first = json.loads(lines[1])
     assert first["table"] == "agents"

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import anyio
 import pytest
+import sqlalchemy as sa
 from conftest import Store
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import END, START, StateGraph
@@ -250,3 +251,50 @@ async def test_bad_input_is_a_validation_error_before_anything_is_written(db: Da
         await saver.aput(config, checkpoint, {}, {"x": 1})  # type: ignore[arg-type]
     async with db.unit_of_work(read_only=True) as uow:
         assert await uow.sessions.get_by_key(agent, "t") is None
+
+
+async def _graph_rows(db: Database, tenant: str) -> dict[str, int]:
+    async with db.unit_of_work(tenant, read_only=True) as uow:
+        return {
+            table: int(
+                await uow.session.scalar(
+                    sa.text(f"SELECT count(*) FROM {table} WHERE tenant = :t"), {"t": tenant}
+                )
+                or 0
+            )
+            for table in ("graph_checkpoints", "graph_writes", "graph_blobs")
+        }
+
+
+async def test_delete_tenant_counts_the_graph_state_and_leaves_another_tenants_threads_whole(
+    db: Database,
+) -> None:
+    acme, globex = db.for_tenant("acme"), db.for_tenant("globex")
+    savers = {
+        "acme": MemormSaver(acme, agent=await _agent(acme)),
+        "globex": MemormSaver(globex, agent=await _agent(globex)),
+    }
+    for saver in savers.values():  # the same thread names in both: one finished, one waiting for a human
+        await counter().compile(checkpointer=saver).ainvoke({"steps": [], "count": 1}, thread("done"))
+        await approval().compile(checkpointer=saver).ainvoke({"steps": [], "count": 2}, thread("review"))
+    acme_rows, globex_rows = await _graph_rows(db, "acme"), await _graph_rows(db, "globex")
+    assert acme_rows == globex_rows
+    assert all(acme_rows.values())  # checkpoints, writes (the interrupt's among them) and values
+    globex_history = [t.checkpoint["id"] async for t in savers["globex"].alist(thread("review"))]
+
+    counts = {"agents": 1, "embedding_models": 0, "sessions": 2, "messages": 0, "archival_passages": 0}
+    assert await db.delete_tenant("acme", dry_run=True) == {**counts, **acme_rows}
+    assert await _graph_rows(db, "acme") == acme_rows  # a dry run deletes nothing
+    assert await db.delete_tenant("acme", batch=2) == {**counts, **acme_rows}  # several batches a table
+    assert await _graph_rows(db, "acme") == dict.fromkeys(acme_rows, 0)
+    assert await db.delete_tenant("acme") == dict.fromkeys({**counts, **acme_rows}, 0)
+
+    # globex's threads are whole: the same rows, history and state, and its waiting graph resumes.
+    assert await _graph_rows(db, "globex") == globex_rows
+    assert [t.checkpoint["id"] async for t in savers["globex"].alist(thread("review"))] == globex_history
+    graph = approval().compile(checkpointer=savers["globex"])
+    assert (await graph.aget_state(thread("review"))).next == ("ask",)
+    done = await graph.ainvoke(Command(resume="yes"), thread("review"))
+    assert done == {"steps": ["count", "asked:yes", "double"], "count": 6}
+    finished = await counter().compile(checkpointer=savers["globex"]).aget_state(thread("done"))
+    assert finished.values == {"steps": ["count", "double"], "count": 4}

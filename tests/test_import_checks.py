@@ -246,6 +246,9 @@ async def test_a_file_whose_rows_the_database_has_imports_again_without_refusal(
             "sessions": 2,
             "messages": 8,
             "archival_passages": 6,
+            "graph_checkpoints": 0,
+            "graph_writes": 0,
+            "graph_blobs": 0,
         }
     )
 

@@ -24,8 +24,10 @@ from sqlalchemy.engine import make_url
 
 from memorm import Database, ValidationError
 from memorm.cli import main
+from memorm.compat.langgraph import MemormSaver
 from memorm.models import fields
 from memorm.transfer import TABLES, copy_database, digest_database, export_jsonl, import_jsonl
+from memorm.transfer.rows import key_columns
 from tests import test_tenancy_rls
 from tests.conftest import POSTGRES_URL, admin_execute
 from tests.test_cli_transfer import _execute, _populate, _rewrite_rows, _url, postgres_urls  # noqa: F401
@@ -48,7 +50,7 @@ async def _two_tenants_async(url: str) -> None:
             for table in TABLES:
                 found = await uow.session.execute(sa.select(*fields(table)))
                 originals = [dict(row._mapping) for row in found]
-                for tenant in TENANTS:
+                for tenant in TENANTS if originals else ():
                     copies = [
                         {**row, "tenant": tenant, "meta": {**row["meta"], "owner": tenant}}
                         for row in originals
@@ -72,7 +74,8 @@ def rows(url: str, tenant: str | None = None) -> Dump:
                 if tenant is not None:
                     query = query.where(table.c.tenant == tenant)
                 got = [dict(row._mapping) for row in await uow.session.execute(query)]
-                found[table.name] = sorted(got, key=lambda row: (row["tenant"], row["id"]))
+                key = ["tenant", *(column.name for column in key_columns(table))]
+                found[table.name] = sorted(got, key=lambda row: tuple(row[name] for name in key))
             return found
 
     return asyncio.run(read())
@@ -97,7 +100,7 @@ def _check_two_tenants(found: Dump) -> None:
             tenant: [row["id"] for row in found[table.name] if row["tenant"] == tenant] for tenant in TENANTS
         }
         assert ids["B"] == ids["a"], table.name
-    assert [len(found[table.name]) for table in TABLES] == [4, 8, 4, 16, 12]
+    assert [len(found[table.name]) for table in TABLES] == [4, 8, 4, 16, 12, 0, 0, 0]
 
 
 @pytest.fixture(params=ENGINES)
@@ -125,7 +128,7 @@ def test_a_copy_of_every_tenant_carries_rows_that_share_ids_and_verifies_across_
         assert main(["copy", source, destination]) == 0
         out = capsys.readouterr().out
         assert "copied 16 messages\n" in out
-        assert "verified: 44 rows in 5 tables match" in out
+        assert "verified: 44 rows in 8 tables match" in out
         assert rows(destination) == expected
         assert main(["copy", source, destination]) == 0
         assert "copied 0 messages (16 already there)" in capsys.readouterr().out
@@ -155,6 +158,9 @@ def test_an_export_of_every_tenant_imports_both_tenants_rows_with_the_same_ids(
         "sessions": 4,
         "messages": 16,
         "archival_passages": 12,
+        "graph_checkpoints": 0,
+        "graph_writes": 0,
+        "graph_blobs": 0,
     }
     assert {record["row"]["tenant"] for record in records[1:-1]} == set(TENANTS)
     assert main(["import", destination, str(file)]) == 0
@@ -170,7 +176,7 @@ def test_one_tenant_is_copied_alone_into_a_database_holding_another_with_the_sam
 ) -> None:
     source, destination = pair
     assert main(["copy", "--tenant", "B", source, destination]) == 0
-    assert "verified: 22 rows of tenant 'B' in 5 tables match" in capsys.readouterr().out
+    assert "verified: 22 rows of tenant 'B' in 8 tables match" in capsys.readouterr().out
     assert rows(destination) == rows(source, "B")
     _execute(destination, "UPDATE agents SET system = 'changed in the destination'")
 
@@ -178,7 +184,7 @@ def test_one_tenant_is_copied_alone_into_a_database_holding_another_with_the_sam
     out = capsys.readouterr().out
     assert "copied 16 messages" not in out
     assert "copied 8 messages\n" in out  # none skipped: B's rows with these ids are another tenant's
-    assert "verified: 22 rows of tenant 'a' in 5 tables match" in out
+    assert "verified: 22 rows of tenant 'a' in 8 tables match" in out
     assert rows(destination, "a") == rows(source, "a")
     assert {row["system"] for row in rows(destination, "B")["agents"]} == {"changed in the destination"}
     # Verification compares the tenant named, and only it.
@@ -352,7 +358,17 @@ class TestApplicationRole:
                 await uow.messages.append(
                     chat.id, [{"role": "user", "content": f"{tenant} {n}"} for n in range(70)]
                 )
+            # Graph state too, whose tables row-level security covers as well.
+            from tests.test_transfer_graph import _graph as graph  # it imports this module
+
+            saver = MemormSaver(roles.app.for_tenant(tenant), agent=agent.id)
+            await (
+                graph(ask=True)
+                .compile(checkpointer=saver)
+                .ainvoke({"Alpha": 1, "beta": [], "Zed": ""}, {"configurable": {"thread_id": "t"}})
+            )
         expected = await digest_database(roles.owner, tenant="a")
+        assert expected["graph_writes"].count > 0
         with pytest.raises(ValidationError, match=r"bypasses row-level security.*--tenant NAME"):
             await export_jsonl(roles.app, tmp_path / "all.jsonl")
         assert not (tmp_path / "all.jsonl").exists()
@@ -360,6 +376,7 @@ class TestApplicationRole:
         file = tmp_path / "a.jsonl"
         written = await export_jsonl(roles.app, file, tenant="a")
         assert written["messages"] == 70
+        assert written["graph_checkpoints"] == expected["graph_checkpoints"].count
         async with Database(f"sqlite:///{tmp_path / 'copy.db'}") as copy:
             report = await copy_database(roles.app, copy, tenant="a")
             assert not report.problems
@@ -368,5 +385,6 @@ class TestApplicationRole:
         await roles.app.delete_tenant("a")
         report = await import_jsonl(roles.app, file, tenant="a")
         assert report.inserted["messages"] == 70
+        assert report.inserted["graph_blobs"] == expected["graph_blobs"].count
         assert await digest_database(roles.owner, tenant="a") == expected
         assert (await digest_database(roles.owner, tenant="b"))["messages"].count == 70

@@ -24,7 +24,7 @@ from memorm import __version__
 __all__ = ["COMMANDS", "main"]
 
 # The modules that register subcommands, in the order ``memorm --help`` lists them.
-COMMANDS = ("db", "demo", "inspect", "legacy", "retention", "tenant", "transfer")
+COMMANDS = ("db", "demo", "inspect", "legacy", "langgraph", "retention", "tenant", "transfer")
 
 
 def _parser() -> argparse.ArgumentParser:

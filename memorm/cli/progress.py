@@ -24,6 +24,7 @@ class Bars:
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
         self.tasks: dict[str, TaskID] = {}
+        self.done: dict[str, int] = {}  # rows reported per task, for the summary a command prints
 
     def start(self, task: str, total: int) -> None:
         """Add a bar for `task`, of `total` rows."""
@@ -32,6 +33,7 @@ class Bars:
     def advance(self, task: str, rows: int) -> None:
         """Move the bar of `task` on by `rows`."""
         self.progress.advance(self.tasks[task], rows)
+        self.done[task] = self.done.get(task, 0) + rows
 
 
 def progress_bar() -> Progress:

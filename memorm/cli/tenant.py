@@ -92,8 +92,9 @@ def register(commands: Any) -> None:
         "delete",
         help="delete every row of a tenant, in batches",
         description="Delete every agent, embedding model, session, message and archival passage of "
-        "the tenant, in batches of --batch-size rows, each its own transaction (full-text entries "
-        "go too). Other tenants' rows are untouched; the tenant's own traffic may go on meanwhile.",
+        "the tenant, and its sessions' graph state (LangGraph checkpoints), in batches of "
+        "--batch-size rows, each its own transaction (full-text entries go too). Other tenants' "
+        "rows are untouched; the tenant's own traffic may go on meanwhile.",
     )
     delete.add_argument("name", type=tenant_name, metavar="NAME", help="the tenant")
     delete.add_argument("--dry-run", action="store_true", help="print the rows there are; delete nothing")

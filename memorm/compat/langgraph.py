@@ -48,6 +48,7 @@ from memorm.compat._sync import BRIDGE
 from memorm.db import Database
 from memorm.errors import DatabaseError, NotFoundError, ValidationError
 from memorm.models import Agent
+from memorm.progress import Reporter, Silent
 from memorm.repositories.checkpoints import CheckpointKey, StoredCheckpoint, StoredWrite, Value
 from memorm.search.filters import check_json_keys
 from memorm.uow import UnitOfWork
@@ -635,7 +636,11 @@ class MemormSaver(BaseCheckpointSaver[str]):
 
 
 async def copy_checkpoints(
-    source: BaseCheckpointSaver[Any], target: MemormSaver, config: RunnableConfig | None = None
+    source: BaseCheckpointSaver[Any],
+    target: MemormSaver,
+    config: RunnableConfig | None = None,
+    *,
+    reporter: Reporter | None = None,
 ) -> int:
     """Copy the checkpoints (with their writes) of another LangGraph saver into a `MemormSaver`.
 
@@ -644,7 +649,13 @@ async def copy_checkpoints(
     `config` is None) is stored by `target` under the same thread, namespace
     and id, with its parent, metadata, channel values and pending writes.
     Copying again stores nothing new.  Returns the checkpoints copied.
+
+    `reporter` (a [`Reporter`][memorm.progress.Reporter]) is told of each
+    checkpoint stored (`advance("checkpoints", 1)`) and of its pending
+    writes (`advance("writes", n)`); the caller, who knows the totals,
+    starts both tasks (`memorm import-langgraph` counts the source's rows).
     """
+    report = reporter or Silent()
     copied = 0
     async for item in source.alist(config):
         where = dict(item.config["configurable"])
@@ -660,6 +671,9 @@ async def copy_checkpoints(
         for task_id, writes in by_task.items():
             await target.aput_writes(stored, writes, task_id)
         copied += 1
+        report.advance("checkpoints", 1)
+        if item.pending_writes:
+            report.advance("writes", len(item.pending_writes))
     return copied
 
 

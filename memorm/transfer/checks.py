@@ -124,12 +124,21 @@ def _passage(values: Values) -> None:
     check_int(values["embedding_dim"], "embedding_dim", minimum=1)
 
 
+def _graph_state(values: Values) -> None:
+    """A graph-state row: opaque values (bytes, as decoded); its keys are text, checked as storage."""
+    if values["value"] is not None and not isinstance(values["value"], bytes):
+        raise ValidationError("value: expected bytes")
+
+
 _CHECKS: dict[str, Callable[[Values], None]] = {
     "agents": _agent,
     "embedding_models": _model,
     "sessions": _session,
     "messages": _message,
     "archival_passages": _passage,
+    "graph_checkpoints": _graph_state,
+    "graph_writes": _graph_state,
+    "graph_blobs": _graph_state,
 }
 
 
@@ -143,7 +152,8 @@ def check_row(table: sa.Table, row: tuple[Any, ...]) -> Values:
     try:
         _storage(table, values)
         check_tenant(values["tenant"])
-        check_json_object(values["meta"], "meta")
+        if "meta" in values:  # every table but graph_writes and graph_blobs
+            check_json_object(values["meta"], "meta")
         _CHECKS[table.name](values)
     except ValidationError as error:
         raise ValidationError(f"{table.name}.{error}") from None

@@ -1,4 +1,4 @@
-"""Rows <-> JSON-safe dicts: uuids as strings, datetimes in ISO 8601, embeddings as lists.
+"""Rows <-> JSON-safe dicts: uuids as strings, datetimes in ISO 8601, embeddings as lists, bytes in base64.
 
 The same encoding serves the JSON Lines files and the checksums: a row's
 canonical form (`canonical`) is its JSON-safe values with JSON keys
@@ -8,6 +8,8 @@ their engines.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import uuid
 from collections.abc import Callable, Mapping
@@ -33,6 +35,19 @@ def _encode_datetime(value: datetime) -> str:
     return value.isoformat()
 
 
+def _encode_bytes(value: bytes) -> str:
+    return base64.b64encode(value).decode("ascii")
+
+
+def _decode_bytes(value: object) -> bytes:
+    if not isinstance(value, str):
+        raise TypeError(f"expected base64 text, got {type(value).__name__}")
+    try:
+        return base64.b64decode(value, validate=True)
+    except binascii.Error as error:
+        raise ValueError(f"not base64: {error}") from None
+
+
 def _decode_uuid(value: object) -> uuid.UUID:
     if not isinstance(value, str):  # uuid.UUID(5) raises AttributeError
         raise TypeError(f"expected a UUID string, got {type(value).__name__}")
@@ -54,6 +69,8 @@ def _encoders(table: sa.Table) -> tuple[Convert, ...]:
             encoders.append(str)
         elif isinstance(column.type, UTCDateTime):
             encoders.append(_encode_datetime)
+        elif isinstance(column.type, sa.LargeBinary):  # graph state's opaque values
+            encoders.append(_encode_bytes)
         else:  # text, numbers, JSON documents and vectors (lists of floats) are JSON already
             encoders.append(None)
     return tuple(encoders)
@@ -67,6 +84,8 @@ def _decoders(table: sa.Table) -> tuple[Convert, ...]:
             decoders.append(_decode_uuid)
         elif isinstance(column.type, UTCDateTime):
             decoders.append(_decode_datetime)
+        elif isinstance(column.type, sa.LargeBinary):
+            decoders.append(_decode_bytes)
         else:
             decoders.append(None)
     return tuple(decoders)

@@ -10,11 +10,15 @@ the tenants are listed and sorted here), and each tenant's rows by id.  Ids
 are UUIDv7, so that is oldest first, and the same order on both engines
 (SQLite keeps uuids as 32 hex digits, which sort as Postgres sorts `uuid`):
 which is what lets checksums of the two sides be compared.
+
+The graph-state tables (`graph_checkpoints`, `graph_writes`, `graph_blobs`)
+have no id: a row's key is its tenant and its primary key's other columns
+(`key_columns`), read in that order, text compared by the database's own
+collation, so their checksums are order-free (`memorm.transfer.verify`).
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from functools import cache
 from typing import Any
@@ -26,7 +30,16 @@ from memorm.conflicts import conflict_message, unique_keys
 from memorm.db import Database
 from memorm.driver import fetch, insert_rows
 from memorm.errors import ConflictError, ValidationError
-from memorm.models import AGENT_NAMES, AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS, fields
+from memorm.models import (
+    AGENT_NAMES,
+    AGENTS,
+    CHECKPOINT_TABLES,
+    EMBEDDING_MODELS,
+    MESSAGES,
+    PASSAGES,
+    SESSIONS,
+    fields,
+)
 from memorm.progress import Reporter, Silent
 from memorm.transfer.lookup import matching
 from memorm.transfer.scope import Scope, scoped
@@ -42,13 +55,16 @@ __all__ = [
     "count_rows",
     "id_index",
     "insert_new",
+    "key_columns",
     "read_batches",
+    "row_key",
     "table_named",
     "tenant_index",
 ]
 
-# Parents before children: every foreign key finds its row already written.
-TABLES: tuple[sa.Table, ...] = (AGENTS, EMBEDDING_MODELS, SESSIONS, MESSAGES, PASSAGES)
+# Parents before children: every foreign key finds its row already written.  The
+# graph state of the sessions (memorm.compat.langgraph) comes last, after its sessions.
+TABLES: tuple[sa.Table, ...] = (AGENTS, EMBEDDING_MODELS, SESSIONS, MESSAGES, PASSAGES, *CHECKPOINT_TABLES)
 DEFAULT_BATCH_SIZE = 5_000
 
 Row = tuple[Any, ...]
@@ -77,6 +93,25 @@ def id_index(table: sa.Table) -> int:
     return column_names(table).index("id")
 
 
+@cache
+def key_columns(table: sa.Table) -> tuple[sa.Column[Any], ...]:
+    """The columns that, with the tenant, name a row: `id`; a graph-state row's composite key."""
+    if "id" in table.c:
+        return (table.c.id,)
+    return tuple(column for column in table.primary_key.columns if column.name != "tenant")
+
+
+@cache
+def _key_indexes(table: sa.Table) -> tuple[int, ...]:
+    names = column_names(table)
+    return (names.index("tenant"), *(names.index(column.name) for column in key_columns(table)))
+
+
+def row_key(table: sa.Table, row: Row) -> tuple[Any, ...]:
+    """A row's key: `(tenant, id)`, or the tenant and a graph-state row's key columns."""
+    return tuple(row[index] for index in _key_indexes(table))
+
+
 def tenant_index(table: sa.Table) -> int:
     """Where `tenant` is in a row of `table`."""
     return column_names(table).index("tenant")
@@ -88,9 +123,14 @@ def _pages(table: sa.Table) -> tuple[sa.Select[Any], sa.Select[Any]]:
     limit = sa.bindparam("limit", type_=sa.Integer)
     columns = fields(table)
     own = table.c.tenant == sa.bindparam("tenant", type_=table.c.tenant.type)
-    first = sa.select(*columns).where(own).order_by(table.c.id).limit(limit)
-    after = own & (table.c.id > sa.bindparam("after", type_=table.c.id.type))
-    return first, sa.select(*columns).where(after).order_by(table.c.id).limit(limit)
+    key = key_columns(table)
+    first = sa.select(*columns).where(own).order_by(*key).limit(limit)
+    if len(key) == 1:
+        after = own & (key[0] > sa.bindparam("after", type_=key[0].type))
+    else:  # a row value: both engines answer it on the primary key's index
+        bound = [sa.bindparam(f"after_{i}", type_=column.type) for i, column in enumerate(key)]
+        after = own & (sa.tuple_(*key) > sa.tuple_(*bound))
+    return first, sa.select(*columns).where(after).order_by(*key).limit(limit)
 
 
 @cache
@@ -138,13 +178,15 @@ async def read_batches(
 
     Each page is its own statement (`WHERE tenant = t AND id > last ORDER BY
     id LIMIT n`), so a long read holds no transaction open and memory stays
-    at one batch.  A batch may hold rows of several tenants.
+    at one batch.  A batch may hold rows of several tenants.  A graph-state
+    table is read in the order of its key columns instead (`key_columns`),
+    text compared as the database compares it.
     """
     first, after = _pages(table)
-    at = id_index(table)
+    at = _key_indexes(table)[1:]
     batch: list[Row] = []
     for owner in await _tenants_of(db, table, tenant):
-        last: uuid.UUID | None = None
+        last: dict[str, Any] | None = None
         while True:
             wanted = batch_size - len(batch)
             params: dict[str, Any] = {"tenant": owner, "limit": wanted}
@@ -152,14 +194,16 @@ async def read_batches(
                 if last is None:
                     rows = await fetch(uow.link, first, params)
                 else:
-                    rows = await fetch(uow.link, after, {**params, "after": last})
+                    rows = await fetch(uow.link, after, {**params, **last})
             batch += rows
             if len(batch) >= batch_size:
                 yield batch
                 batch = []
             if len(rows) < wanted:
                 break
-            last = rows[-1][at]
+            values = [rows[-1][index] for index in at]
+            single = len(values) == 1
+            last = {"after": values[0]} if single else {f"after_{i}": v for i, v in enumerate(values)}
     if batch:
         yield batch
 
@@ -179,17 +223,22 @@ async def insert_new(db: Database, table: sa.Table, rows: Sequence[Row], *, tena
     """
     if not rows:
         return 0
-    owner, at = tenant_index(table), id_index(table)
+    owner, at = tenant_index(table), id_index(table) if "id" in table.c else -1
     if tenant is not None and any(row[owner] != tenant for row in rows):
         raise ValidationError(f"{table.name}: a row of another tenant than {tenant!r}")
-    keys = [(row[owner], row[at]) for row in rows]
+    keys = [row_key(table, row) for row in rows]
+    columns = [table.c.tenant, *key_columns(table)]
     async with scoped(db, tenant) as uow:
         async with guarded(uow.session):
-            found: set[tuple[str, uuid.UUID]] = set()
-            for where in matching([table.c.tenant, table.c.id], keys):
-                query = sa.select(table.c.tenant, table.c.id).where(where)
-                found.update((row_tenant, row_id) for row_tenant, row_id in await uow.session.execute(query))
-            fresh = [row for row, key in zip(rows, keys, strict=True) if key not in found]
+            found: set[tuple[Any, ...]] = set()
+            for where in matching(columns, keys):
+                stored = await uow.session.execute(sa.select(*columns).where(where))
+                found.update(tuple(key) for key in stored)
+            fresh = []
+            for row, key in zip(rows, keys, strict=True):
+                if key not in found:  # and not twice in the batch: the first of a key is kept
+                    found.add(key)
+                    fresh.append(row)
             await _refuse_taken(uow.session, table, fresh)
         await insert_rows(uow.link, table, column_names(table), fresh)
         if table is AGENTS and fresh:  # the agents' names are kept (unique) in agent_names
@@ -207,6 +256,8 @@ async def _refuse_taken(session: AsyncSession, table: sa.Table, rows: Sequence[R
     which.  Every unique key leads with the tenant, so other tenants' rows
     never collide.
     """
+    if "id" not in table.c:
+        return  # a graph-state table: its primary key is its only unique key
     names = column_names(table)
     at = id_index(table)
     if table is AGENTS:  # names are unique per tenant in agent_names

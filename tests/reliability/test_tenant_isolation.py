@@ -693,6 +693,9 @@ async def test_maintenance_across_tenants_matches_rows_by_tenant_and_id(scene: S
         "sessions": 1,
         "messages": 5,
         "archival_passages": 3,
+        "graph_checkpoints": 0,
+        "graph_writes": 0,
+        "graph_blobs": 0,
     }
     assert await tenant_hash(owner, "a") == before
     assert await searches(db, "a", a) == found

@@ -1,0 +1,334 @@
+"""MemormSaver cancelled mid-flight, and its sync API beside a running loop, on both engines.
+
+LangGraph cancels a run's checkpointer calls when the run is cancelled (a
+client disconnects, a timeout fires).  Each of `aput`, `aput_writes`,
+`aget_tuple` and `alist` is cancelled here at random moments, every way
+servers cancel (the patterns and checks of test_cancellation.py): a
+checkpoint is afterwards stored whole, with every channel value it brought, or
+not at all; a task's writes likewise; the pool holds no connection, the SQLite
+write lock is free, the next call works, and nothing reached the loop's
+exception handler.  Then the sync API (`put`, `get_tuple`) is called from
+worker threads that run their own `asyncio.run`, while the main loop writes
+through the same `Database` and saver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pytest
+import sqlalchemy as sa
+from conftest import ENGINES, Store
+
+from memorm import Database
+from memorm.compat.langchain import adispose_sync
+from memorm.compat.langgraph import MemormSaver
+from reliability.test_cancellation import KINDS, assert_clean, cancel_after, loop_errors, settle
+
+pytestmark = [pytest.mark.anyio, pytest.mark.reliability, pytest.mark.long]
+
+ATTEMPTS = 60
+CHANNELS = ("messages", "summary", "scratch", "plan")
+WRITES = 20  # per task
+
+
+@pytest.fixture
+async def db(db: Database) -> AsyncIterator[Database]:
+    yield db
+    await adispose_sync(db)  # the sync tests' private-loop pool
+
+
+async def _saver(db: Database) -> MemormSaver:
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create(f"graph-{uuid.uuid4().hex[:8]}")
+    return MemormSaver(db, agent=agent.id)
+
+
+def _config(thread: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+
+
+def _version(n: int) -> str:
+    return f"{n:032}.0"
+
+
+def _values(n: int, size: int) -> dict[str, str]:
+    return {channel: f"{channel}-{n}-" + "x" * size for channel in CHANNELS}
+
+
+def _checkpoint(n: int, *, size: int = 2_000) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    """Checkpoint `n` (id `n`, zero-padded), each channel new in it; its metadata and new versions."""
+    versions = {channel: _version(n) for channel in CHANNELS}
+    checkpoint = {
+        "v": 1,
+        "id": f"{n:08}",
+        "ts": "2026-01-01T00:00:00+00:00",
+        "channel_values": _values(n, size),
+        "channel_versions": versions,
+        "versions_seen": {},
+        "updated_channels": list(CHANNELS),
+    }
+    return checkpoint, {"source": "loop", "step": n}, versions
+
+
+async def _put(saver: MemormSaver, thread: str, n: int, *, size: int = 2_000) -> dict[str, Any]:
+    checkpoint, metadata, versions = _checkpoint(n, size=size)
+    return dict(await saver.aput(_config(thread), checkpoint, metadata, versions))  # type: ignore[arg-type]
+
+
+async def _rows(db: Database, sql: str) -> list[tuple[Any, ...]]:
+    async with db.unit_of_work(read_only=True) as uow:
+        return [tuple(row) for row in await uow.session.execute(sa.text(sql))]
+
+
+async def _assert_checkpoints_whole(db: Database, saver: MemormSaver, thread: str) -> set[int]:
+    """Every stored checkpoint of `thread` has all its channel values and no value is left without one."""
+    stored = {int(row[0]) for row in await _rows(db, "SELECT checkpoint_id FROM graph_checkpoints")}
+    blobs = await _rows(db, "SELECT channel, version FROM graph_blobs")
+    assert sorted(blobs) == sorted((channel, _version(n)) for n in stored for channel in CHANNELS)
+    for n in sorted(stored)[-3:]:  # and they read back whole
+        found = await saver.aget_tuple(
+            {"configurable": {**_config(thread)["configurable"], "checkpoint_id": f"{n:08}"}}
+        )
+        assert found is not None
+        assert found.checkpoint["channel_values"] == _values(n, 2_000)
+        assert found.metadata["step"] == n
+    return stored
+
+
+async def _span(*works: Any) -> float:
+    """The shortest time one of `works` took, run in turn (the first warms up)."""
+    spans = []
+    for work in works:
+        started = time.perf_counter()
+        await work()
+        spans.append(time.perf_counter() - started)
+    return min(spans)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("engine", ENGINES, indirect=True)
+async def test_a_cancelled_aput_stores_the_checkpoint_with_all_its_values_or_nothing(
+    db: Database, store: Store, kind: str
+) -> None:
+    saver = await _saver(db)
+    rng = random.Random(f"aput-{kind}-{store.engine}")
+    span = await _span(*(lambda n=n: _put(saver, "t", n) for n in range(3)))  # the session is made here
+    finished: set[int] = {0, 1, 2}
+    cancelled = 0
+
+    async def put(n: int) -> None:
+        await _put(saver, "t", n)
+        finished.add(n)
+
+    with loop_errors() as errors:
+        for n in range(3, ATTEMPTS + 3):
+            with anyio.fail_after(10):
+                cancelled += await cancel_after(kind, rng.uniform(0, span * 1.5), lambda n=n: put(n))
+            assert db.engine.pool.checkedout() == 0
+        await settle()
+    assert errors == []
+    assert cancelled > ATTEMPTS // 5  # the deadlines did land mid-flight
+    await assert_clean(db, store)
+    stored = await _assert_checkpoints_whole(db, saver, "t")
+    assert finished <= stored  # every aput that returned is there
+    config = await _put(saver, "t", ATTEMPTS + 3)  # the next call works
+    latest = await saver.aget_tuple(_config("t"))
+    assert latest is not None
+    assert latest.config["configurable"]["checkpoint_id"] == config["configurable"]["checkpoint_id"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("engine", ENGINES, indirect=True)
+async def test_a_cancelled_aput_writes_stores_all_of_a_tasks_writes_or_none(
+    db: Database, store: Store, kind: str
+) -> None:
+    saver = await _saver(db)
+    config = await _put(saver, "t", 1)
+    writes = [(f"w{i}", {"i": i, "text": "y" * 500}) for i in range(WRITES)]
+    rng = random.Random(f"writes-{kind}-{store.engine}")
+    span = await _span(*(lambda n=n: saver.aput_writes(config, writes, f"warm-up-{n}") for n in range(3)))
+    finished: set[str] = {"warm-up-0", "warm-up-1", "warm-up-2"}
+    cancelled = 0
+
+    async def put_writes(task: str) -> None:
+        await saver.aput_writes(config, writes, task)  # type: ignore[arg-type]
+        finished.add(task)
+
+    with loop_errors() as errors:
+        for n in range(ATTEMPTS):
+            with anyio.fail_after(10):
+                work = lambda n=n: put_writes(f"task-{n}")  # noqa: E731
+                cancelled += await cancel_after(kind, rng.uniform(0, span * 1.5), work)
+            assert db.engine.pool.checkedout() == 0
+        await settle()
+    assert errors == []
+    assert cancelled > ATTEMPTS // 5
+    await assert_clean(db, store)
+    counts = dict(await _rows(db, "SELECT task_id, count(*) FROM graph_writes GROUP BY task_id"))
+    assert set(counts.values()) == {WRITES}  # whole tasks only
+    assert finished <= set(counts)
+    found = await saver.aget_tuple(config)  # type: ignore[arg-type]
+    assert found is not None
+    assert len(found.pending_writes or []) == WRITES * len(counts)
+    await saver.aput_writes(config, writes[:1], "after")  # type: ignore[arg-type]
+    assert (await _rows(db, "SELECT count(*) FROM graph_writes WHERE task_id = 'after'")) == [(1,)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("engine", ENGINES, indirect=True)
+async def test_cancelled_reads_leave_nothing_behind_and_the_next_read_is_whole(
+    db: Database, store: Store, kind: str
+) -> None:
+    """`aget_tuple` of a large checkpoint, `alist` over two pages, cancelled anywhere (decoding too)."""
+    saver = await _saver(db)
+    for n in range(1, 131):  # two pages of `alist` (100 a page)
+        await _put(saver, "t", n, size=2_000 if n < 130 else 30_000)
+    newest = _config("t")
+    rng = random.Random(f"reads-{kind}-{store.engine}")
+
+    async def read_one() -> None:
+        found = await saver.aget_tuple(newest)  # type: ignore[arg-type]
+        assert found is not None
+
+    async def read_all() -> None:
+        assert len([item async for item in saver.alist(newest)]) == 130  # type: ignore[arg-type]
+
+    cancelled = 0
+    with loop_errors() as errors:
+        for read in (read_one, read_all):
+            span = await _span(read, read, read)
+            for _ in range(ATTEMPTS // 2):
+                with anyio.fail_after(10):
+                    cancelled += await cancel_after(kind, rng.uniform(0, span * 1.5), read)
+                assert db.engine.pool.checkedout() == 0
+        await settle()
+    assert errors == []
+    assert cancelled > ATTEMPTS // 5
+    await assert_clean(db, store)
+    found = await saver.aget_tuple(newest)  # type: ignore[arg-type]
+    assert found is not None
+    assert found.checkpoint["channel_values"] == _values(130, 30_000)
+    listed = [item.checkpoint["id"] async for item in saver.alist(newest)]  # type: ignore[arg-type]
+    assert listed == [f"{n:08}" for n in range(130, 0, -1)]
+
+
+@pytest.mark.parametrize("engine", ENGINES, indirect=True)
+async def test_an_alist_left_unfinished_holds_no_connection(db: Database, store: Store) -> None:
+    saver = await _saver(db)
+    for n in range(1, 121):
+        await _put(saver, "t", n, size=10)
+    with loop_errors() as errors:
+        listing = saver.alist(_config("t"))  # type: ignore[arg-type]
+        first = await listing.__anext__()
+        assert first.checkpoint["id"] == f"{120:08}"
+        assert db.engine.pool.checkedout() == 0  # suspended between pages: no unit of work open
+        await assert_clean(db, store)
+        del listing  # dropped, never closed
+        await settle()
+    assert errors == []
+    await _put(saver, "t", 121, size=10)
+
+
+SYNC_THREADS = 3
+SYNC_RUNS = 15
+
+
+@pytest.mark.parametrize("engine", ENGINES, indirect=True)
+async def test_sync_put_and_get_tuple_from_threads_running_asyncio_run_beside_the_main_loop(
+    db: Database, store: Store
+) -> None:
+    """Each worker thread runs `asyncio.run`; inside it, sync `put`/`get_tuple` and cancelled `aput`s."""
+    saver = await _saver(db)
+    failures: list[BaseException] = []
+    timed_out = [0] * SYNC_THREADS
+
+    thread_errors: list[dict[str, Any]] = []
+
+    def thread(index: int) -> None:
+        async def work() -> None:
+            # What reaches this loop's exception handler is recorded, as loop_errors does on the main loop.
+            asyncio.get_running_loop().set_exception_handler(
+                lambda _loop, context: thread_errors.append(context)
+            )
+            for n in range(1, SYNC_RUNS + 1):
+                checkpoint, metadata, versions = _checkpoint(n)
+                stored = saver.put(_config(f"sync-{index}"), checkpoint, metadata, versions)  # type: ignore[arg-type]
+                found = saver.get_tuple(stored)
+                assert found is not None
+                assert found.checkpoint["channel_values"] == _values(n, 2_000)
+                # This loop's own cancelled writes, amid the main loop's and the sync loop's.
+                try:
+                    await asyncio.wait_for(_put(saver, f"cancelled-{index}", n), 0.0005 * (n % 6))
+                except asyncio.TimeoutError:
+                    timed_out[index] += 1
+            await settle()
+
+        try:
+            asyncio.run(work())
+        except BaseException as error:  # reported on the main loop
+            failures.append(error)
+
+    main_puts = 0
+    done = False
+
+    async def main_loop_puts() -> None:
+        nonlocal main_puts
+        while not done:
+            main_puts += 1
+            await _put(saver, "main", main_puts)
+            found = await saver.aget_tuple(_config("main"))  # type: ignore[arg-type]
+            assert found is not None
+            assert found.checkpoint["id"] == f"{main_puts:08}"
+
+    def run_threads() -> None:
+        threads = [threading.Thread(target=thread, args=(i,), daemon=True) for i in range(SYNC_THREADS)]
+        for each in threads:
+            each.start()
+        for each in threads:
+            each.join(120)
+        assert not any(each.is_alive() for each in threads), "a thread hung"
+
+    with loop_errors() as errors:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(main_loop_puts)
+            await anyio.to_thread.run_sync(run_threads)
+            done = True
+        await settle()
+    assert failures == []
+    assert errors == []
+    assert thread_errors == []
+    assert sum(timed_out) > 0  # the threads' own cancellations did land
+    assert main_puts > 0
+    assert db.engine.pool.checkedout() == 0
+    await assert_clean(db, store)
+    for index in range(SYNC_THREADS):
+        listed = [item.checkpoint["id"] async for item in saver.alist(_config(f"sync-{index}"))]  # type: ignore[arg-type]
+        assert listed == [f"{n:08}" for n in range(SYNC_RUNS, 0, -1)]
+    # The cancelled writes of the threads' loops: whole checkpoints or none.
+    checkpoints = await _rows(
+        db,
+        "SELECT c.session_id, c.checkpoint_id FROM graph_checkpoints c "
+        "JOIN sessions s ON s.id = c.session_id WHERE s.key LIKE 'cancelled-%'",
+    )
+    blobs = await _rows(
+        db,
+        "SELECT b.session_id, b.channel, b.version FROM graph_blobs b "
+        "JOIN sessions s ON s.id = b.session_id WHERE s.key LIKE 'cancelled-%'",
+    )
+    assert sorted(map(str, blobs)) == sorted(
+        str((session, channel, _version(int(checkpoint))))
+        for session, checkpoint in checkpoints
+        for channel in CHANNELS
+    )
+    # The sync loop's pool, then the main loop's: both let go of everything.
+    await adispose_sync(db)
+    await assert_clean(db, store)
