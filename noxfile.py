@@ -57,7 +57,7 @@ def migrations(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks against the raw drivers, both engines (``-- --engine sqlite`` for one)."""
-    install(session, "test", "bench")
+    install(session, "test")  # LangGraph and its Postgres saver: the langgraph baselines
     session.run("python", "-m", "benchmarks.run", *session.posargs)
 
 

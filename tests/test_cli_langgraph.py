@@ -3,16 +3,15 @@
 The source is made here by LangGraph's own ``SqliteSaver`` running real graphs
 (one thread finished, one stopped at an interrupt, so there are pending
 writes); the target is a SQLite file or a throwaway Postgres database.  A
-langgraph-checkpoint-postgres source goes through the same
-``copy_checkpoints``; its package (and psycopg) are not among memorm's
-test dependencies, so here its checks run (a database without LangGraph's
-tables, the missing package) but not a copy.
+langgraph-checkpoint-postgres source is made by LangGraph's ``PostgresSaver``
+in a throwaway database, and goes through the same ``copy_checkpoints``.
 """
 
 from __future__ import annotations
 
 import operator
 import sqlite3
+import sys
 import uuid
 from pathlib import Path
 from typing import Annotated, Any
@@ -322,20 +321,47 @@ def test_a_postgres_source_is_checked_for_langgraphs_tables_and_package(
                 "task_id text, idx integer, channel text, type text, blob bytea, task_path text)",
             )
         )
-        try:
-            import langgraph.checkpoint.postgres  # noqa: F401
-        except ImportError:
+        # Without LangGraph's Postgres saver installed: what to install, in one line.
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setitem(sys.modules, "langgraph.checkpoint.postgres", None)
+            patch.setitem(sys.modules, "langgraph.checkpoint.postgres.aio", None)
             code, out, err = memorm(capsys, "import-langgraph", url, "--agent", "mover", "--url", target)
-            assert (code, out) == (1, "")
-            assert err == (
-                "memorm: error: reading a langgraph-checkpoint-postgres database takes LangGraph's "
-                f"Postgres saver: {POSTGRES_PACKAGES}\n"
+        assert (code, out) == (1, "")
+        assert err == (
+            "memorm: error: reading a langgraph-checkpoint-postgres database takes LangGraph's "
+            f"Postgres saver: {POSTGRES_PACKAGES}\n"
+        )
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("engine", ["sqlite", "postgres"], indirect=True)
+def test_import_langgraph_copies_a_langgraph_postgres_database(
+    target: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+    with throwaway_postgres("memorm_lg") as url:
+        plain = url.replace("postgresql+asyncpg://", "postgresql://")
+        with PostgresSaver.from_conn_string(plain) as saver:  # LangGraph's own, as a user ran it
+            saver.setup()
+            _graph(ask=False).compile(checkpointer=saver).invoke(
+                {"steps": [], "count": 1}, {"configurable": {"thread_id": "finished"}}
             )
-        else:  # pragma: no cover (not among the test dependencies)
-            code, out, err = memorm(capsys, "import-langgraph", url, "--agent", "mover", "--url", target)
-            assert (code, out, err) == (
-                0,
-                "copied 0 checkpoints (0 pending writes) of 0 threads "
-                "into agent 'mover' of tenant 'default'\n",
-                "",
-            )
+            paused = _graph(ask=True).compile(checkpointer=saver)
+            paused.invoke({"steps": [], "count": 5}, {"configurable": {"thread_id": "waiting"}})
+
+        async def listed() -> list[tuple[Any, ...]]:
+            async with AsyncPostgresSaver.from_conn_string(plain) as theirs:
+                return sorted([_shape(item) async for item in theirs.alist(None)])
+
+        expected = run(listed())
+        code, out, err = memorm(capsys, "import-langgraph", plain, "--agent", "mover", "--url", target)
+    assert (code, err) == (0, "")
+    writes = sum(len(shape[-1]) for shape in expected)
+    assert writes > 0  # the interrupted thread has pending writes
+    assert out == (
+        f"copied {len(expected)} checkpoints ({writes} pending writes) of 2 threads "
+        "into agent 'mover' of tenant 'default'\n"
+    )
+    assert _listed_in_memorm(target) == expected
