@@ -25,6 +25,7 @@ from memorm.models import (
     MESSAGES,
     PASSAGES,
     SESSIONS,
+    STORE_TABLES,
 )
 from memorm.progress import Reporter, Silent
 from memorm.search.fts_ddl import FTS_INDEXES
@@ -43,6 +44,7 @@ DELETE_BATCH = 5_000  # rows per DELETE (and per transaction) in delete_tenant
 _DELETE_ORDER: tuple[sa.Table, ...] = (
     MESSAGES,
     *CHECKPOINT_TABLES,
+    *reversed(STORE_TABLES),
     PASSAGES,
     SESSIONS,
     EMBEDDING_MODELS,
@@ -83,8 +85,8 @@ async def delete_tenant(
     entries go with their rows (on SQLite the index is merged, as by
     `forget`), and the in-process vector cache drops the tenant's matrices.
     Returns the rows deleted per table (with `dry_run`, the rows there are;
-    nothing changes); the graph-state tables (`memorm.models.GraphCheckpoint`…)
-    are emptied too, in batches of their own, and not counted.  Works with
+    nothing changes); the graph-state and graph-store tables (`memorm.models.GraphCheckpoint`,
+    `GraphStoreItem`…) are emptied too, in batches of their own, and not counted.  Works with
     the application role: the units of work are the tenant's own.
     """
     owner = check_tenant(tenant)
@@ -221,7 +223,7 @@ async def create_role(db: Database, role: str, *, password: str | None = None) -
             database = await connection.scalar(sa.text("SELECT current_database()"))
             await run("GRANT CONNECT ON DATABASE %I TO %I", database, name)
             await run("GRANT USAGE ON SCHEMA %I TO %I", schema, name)
-            for table in (*_TABLES, AGENT_NAMES, *CHECKPOINT_TABLES):
+            for table in (*_TABLES, AGENT_NAMES, *CHECKPOINT_TABLES, *STORE_TABLES):
                 await run("GRANT SELECT, INSERT, UPDATE, DELETE ON %I.%I TO %I", schema, table.name, name)
             await run("GRANT SELECT ON %I.alembic_version TO %I", schema, name)
             await run(
