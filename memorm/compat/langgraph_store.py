@@ -327,7 +327,8 @@ class MemormStore(BaseStore):
                     raise ValidationError(
                         f"{where}.match_conditions: expected prefix or suffix MatchConditions"
                     )
-                _labels(condition.path, f"{where}.match_conditions")
+                path = (condition.path,) if isinstance(condition.path, str) else condition.path
+                _labels(path, f"{where}.match_conditions")
             if op.max_depth is not None:
                 _count(op.max_depth, f"{where}.max_depth", minimum=1, maximum=2**31)
             _count(op.limit, f"{where}.limit", minimum=0, maximum=MAX_PAGE * 10)
@@ -448,11 +449,11 @@ class MemormStore(BaseStore):
         fixed: tuple[str, ...] = ()
         for condition in conditions:
             if condition.match_type == "prefix":
-                path = tuple(condition.path)
+                path = _path_of(condition)
                 fixed = path[: path.index("*")] if "*" in path else path
                 break
         plain = op.max_depth is None and all(
-            c.match_type == "prefix" and "*" not in c.path and tuple(c.path) == fixed for c in conditions
+            c.match_type == "prefix" and "*" not in _path_of(c) and _path_of(c) == fixed for c in conditions
         )
         store = uow.graph_store
         if plain:
@@ -521,8 +522,13 @@ class _Last:
         return self.text > other.text
 
 
+def _path_of(condition: MatchCondition) -> tuple[str, ...]:
+    """A condition's labels (a lone string is one label)."""
+    return (condition.path,) if isinstance(condition.path, str) else tuple(condition.path)
+
+
 def _matches(condition: MatchCondition, labels: tuple[str, ...]) -> bool:
-    path = tuple(condition.path)
+    path = _path_of(condition)
     if len(labels) < len(path):
         return False
     if condition.match_type == "suffix":
