@@ -201,6 +201,8 @@ def test_stats_count_every_shard_and_size_the_shards_not_the_coordinator(
         "embedding_models": "6",
         "graph_blobs": "0",
         "graph_checkpoints": "0",
+        "graph_store_items": "0",
+        "graph_store_vectors": "0",
         "graph_writes": "0",
         "messages": "314",
         "sessions": "7",
