@@ -84,6 +84,38 @@ async def test_put_get_search_delete_round_trip(db: Database) -> None:
     assert await store.aget(("users", "42"), "food") is None
 
 
+async def test_filters_compare_values_of_the_same_json_type(db: Database) -> None:
+    store = MemormStore(db, agent=await _agent(db))
+    values = {
+        "one": {"n": 1, "s": "apple"},
+        "half": {"n": 2.5, "s": "banana"},
+        "text": {"n": "3", "s": "cherry"},
+        "bool": {"n": True},
+        "none": {"n": None},
+        "list": {"n": [1], "tags": ["a", "b"]},
+        "missing": {"other": 1},
+    }
+    for key, value in values.items():
+        await store.aput(("f",), key, value)
+
+    async def keys(where: dict[str, Any]) -> set[str]:
+        return {item.key for item in await store.asearch(("f",), filter=where, limit=100)}
+
+    assert await keys({"n": {"$gt": 0}}) == {"one", "half"}  # not "3", not True
+    assert await keys({"n": {"$gte": 1, "$lt": 2.5}}) == {"one"}
+    assert await keys({"n": {"$lte": "3"}}) == {"text"}
+    assert await keys({"s": {"$gt": "apple"}}) == {"half", "text"}
+    assert await keys({"n": 1}) == {"one"}  # True is not 1
+    assert await keys({"n": {"$eq": True}}) == {"bool"}
+    assert await keys({"n": None}) == {"none"}
+    assert await keys({"n": {"$ne": 1}}) == set(values) - {"one"}  # a missing key is "not 1"
+    assert await keys({"tags": ["a", "b"]}) == {"list"}
+    assert await keys({"n": [1]}) == {"list"}
+    with pytest.raises(ValidationError):  # checked before the batch runs: its put never happens
+        await store.abatch([PutOp(("f",), "new", {"n": 9}), SearchOp(("f",), filter={"n": {"$in": [1]}})])
+    assert await store.aget(("f",), "new") is None
+
+
 async def test_two_tenants_stores_never_see_each_other(db: Database) -> None:
     acme, globex = db.for_tenant("acme"), db.for_tenant("globex")
     acme_store = MemormStore(acme, agent=await _agent(acme))

@@ -52,6 +52,7 @@ from memorm.db import Database
 from memorm.errors import ValidationError
 from memorm.models import Agent
 from memorm.repositories.store import NewItem, StoredItem
+from memorm.search.filters import check_value_filter
 from memorm.search.store_vectors import DISTANCES
 from memorm.types import utcnow
 from memorm.uow import UnitOfWork
@@ -309,8 +310,8 @@ class MemormStore(BaseStore):
             return self._check_put(op, where)
         if isinstance(op, SearchOp):
             _labels(op.namespace_prefix, f"{where}.namespace_prefix")
-            if op.filter is not None and not isinstance(op.filter, Mapping):
-                raise ValidationError(f"{where}.filter: expected a dict")
+            if op.filter is not None:
+                check_value_filter(op.filter, f"{where}.filter")
             _count(op.limit, f"{where}.limit", minimum=0, maximum=MAX_PAGE)
             _count(op.offset, f"{where}.offset", minimum=0, maximum=2**62)
             if op.query is not None:

@@ -37,6 +37,7 @@ __all__ = [
     "COMPARISONS",
     "Filter",
     "check_json_keys",
+    "check_value_filter",
     "compile_filter",
     "filter_conditions",
     "json_key_conditions",
@@ -143,6 +144,34 @@ def json_key_conditions(
     return conditions
 
 
+def check_value_filter(where: object, field: str) -> Filter:
+    """`where`, checked for `json_value_conditions` (without building SQL): a dict of keys to conditions."""
+    if not isinstance(where, Mapping):
+        raise ValidationError(f"{field}: expected a dict, got {type(where).__name__}")
+    for key, condition in where.items():
+        if not isinstance(key, str) or not _KEY.match(key):
+            raise ValidationError(f"{field}: key {key!r} must be 1-64 letters, digits, '_' or '-'")
+        if not _has_operators(condition):
+            check_json(condition, f"{field}.{key}")
+            continue
+        for name, operand in condition.items():
+            where_ = f"{field}.{key}.{name}"
+            if name not in COMPARISONS:
+                raise ValidationError(f"{field}.{key}: {name!r} is not one of {', '.join(COMPARISONS)}")
+            if name in _ORDER and (isinstance(operand, bool) or not isinstance(operand, (int, float, str))):
+                raise ValidationError(
+                    f"{where_}: compare with a number or a string, got {type(operand).__name__}"
+                )
+            check_json(operand, where_)
+    return where
+
+
+def _has_operators(condition: object) -> bool:
+    return isinstance(condition, Mapping) and any(
+        isinstance(name, str) and name.startswith("$") for name in condition
+    )
+
+
 def json_value_conditions(
     link: Link, column: sa.Column[Any], where: object, field: str
 ) -> list[ColumnElement[bool]]:
@@ -155,41 +184,27 @@ def json_value_conditions(
     Postgres' collation there), and never hold for a value of another JSON
     type.  Several operators on a key must all hold, as must several keys.
     """
-    if not isinstance(where, Mapping):
-        raise ValidationError(f"{field}: expected a dict, got {type(where).__name__}")
     dialect = link.dialect.name
     conditions: list[ColumnElement[bool]] = []
-    for key, condition in where.items():
-        if not isinstance(key, str) or not _KEY.match(key):
-            raise ValidationError(f"{field}: key {key!r} must be 1-64 letters, digits, '_' or '-'")
-        operators = isinstance(condition, Mapping) and any(
-            isinstance(name, str) and name.startswith("$") for name in condition
-        )
-        if not operators:
+    for key, condition in check_value_filter(where, field).items():
+        if not _has_operators(condition):
             conditions += json_key_conditions(link, column, {key: condition}, field)
             continue
         for name, operand in condition.items():
-            if name not in COMPARISONS:
-                raise ValidationError(f"{field}.{key}: {name!r} is not one of {', '.join(COMPARISONS)}")
             equal = sa.and_(*json_key_conditions(link, column, {key: operand}, f"{field}.{key}.{name}"))
             if name == "$eq":
                 conditions.append(equal)
             elif name == "$ne":
                 conditions.append(sa.not_(sa.func.coalesce(equal, sa.false(), type_=sa.Boolean)))
             else:
-                conditions.append(
-                    _ordered(dialect, column, key, _ORDER[name], operand, f"{field}.{key}.{name}")
-                )
+                conditions.append(_ordered(dialect, column, key, _ORDER[name], operand))
     return conditions
 
 
 def _ordered(
-    dialect: str, column: sa.Column[Any], key: str, operator: str, operand: object, field: str
+    dialect: str, column: sa.Column[Any], key: str, operator: str, operand: Any
 ) -> ColumnElement[bool]:
-    """`column[key] <operator> operand` for a number or a string, of the same JSON type only."""
-    if isinstance(operand, bool) or not isinstance(operand, (int, float, str)):
-        raise ValidationError(f"{field}: compare with a number or a string, got {type(operand).__name__}")
-    check_json(operand, field)
+    """`column[key] <operator> operand` for a number or a string (checked), of the same JSON type only."""
     number = not isinstance(operand, str)
     if dialect == "postgresql":
         found = column.op("->")(sa.bindparam(None, key, type_=sa.Text))
