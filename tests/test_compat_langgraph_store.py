@@ -216,9 +216,17 @@ async def test_vector_search_ranks_by_the_best_field(db: Database) -> None:
     await store.aput(("zoo",), "plain", {"a": "cat"}, index=False)
     await store.aput(("elsewhere",), "cat", {"a": "cat"})
     found = await store.asearch(("zoo",), query="cat")
-    # Each item scores its best field; equal scores in (namespace, key) order; unindexed items are left out.
-    assert [i.key for i in found] == ["bird-cat", "cat-dog", "fish"]
-    assert [i.score for i in found] == [pytest.approx(1.0), pytest.approx(1.0), pytest.approx(0.0)]
+    # Each item scores its best field; equal scores in (namespace, key) order; unindexed items follow.
+    assert [i.key for i in found] == ["bird-cat", "cat-dog", "fish", "plain"]
+    assert [i.score for i in found] == [pytest.approx(1.0), pytest.approx(1.0), pytest.approx(0.0), None]
+
+    async def page(limit: int, offset: int) -> list[str]:
+        return [i.key for i in await store.asearch(("zoo",), query="cat", limit=limit, offset=offset)]
+
+    assert await page(3, 0) == ["bird-cat", "cat-dog", "fish"]
+    assert await page(2, 2) == ["fish", "plain"]
+    assert await page(10, 3) == ["plain"]
+    assert await page(10, 4) == []
     birds = await store.asearch(("zoo",), query="bird")
     assert birds[0].key == "bird-cat"
     assert birds[0].score == pytest.approx(1.0)
@@ -233,7 +241,8 @@ async def test_vector_search_ranks_by_the_best_field(db: Database) -> None:
     # Updating an item replaces its vectors.
     await store.aput(("zoo",), "fish", {"a": "dog"})
     assert [i.key for i in await store.asearch(("zoo",), query="dog", limit=2)] == ["cat-dog", "fish"]
-    assert all(i.score == pytest.approx(0.0) for i in await store.asearch(("zoo",), query="fish"))
+    fish = await store.asearch(("zoo",), query="fish")
+    assert [i.score for i in fish] == [pytest.approx(0.0)] * 3 + [None]  # "plain" has no embedding
 
 
 async def test_store_vectors_are_not_archival_passages(db: Database) -> None:

@@ -341,8 +341,6 @@ class MemormStore(BaseStore):
         namespace = _labels(op.namespace, f"{where}.namespace")
         if not namespace:
             raise InvalidNamespace(f"{where}.namespace: a namespace has at least one label")
-        if namespace[0] == "langgraph":
-            raise InvalidNamespace(f'{where}.namespace: the root label "langgraph" is reserved')
         joined, key = ".".join(namespace), _key(op.key)
         if op.value is None:
             return _Put((joined, key), {})

@@ -22,7 +22,7 @@ from memorm.driver import insert_rows
 from memorm.models import STORE_ITEMS, STORE_VECTORS
 from memorm.repositories.base import Repository
 from memorm.search.filters import json_value_conditions
-from memorm.search.store_vectors import nearest_items
+from memorm.search.store_vectors import nearest_items, scored_count, unscored
 from memorm.validation import MAX_PAGE, as_uuid, check_int
 
 __all__ = ["NewItem", "StoreRepository", "StoredItem", "under"]
@@ -209,8 +209,9 @@ class StoreRepository(Repository):
         """The live items in namespace `prefix` (and below) whose values match `where`.
 
         Without `query`, newest update first; with it (an embedding), by
-        their best field's score (`memorm.search.store_vectors`): items
-        without embeddings are left out.
+        their best field's score (`memorm.search.store_vectors`), then the
+        items without embeddings, unscored, newest first (as LangGraph's
+        in-memory store).
         """
         size = check_int(limit, "limit", minimum=1, maximum=MAX_PAGE)
         skip = check_int(offset, "offset", minimum=0, maximum=2**62)
@@ -227,14 +228,24 @@ class StoreRepository(Repository):
             )
             return [_item(tuple(row)) for row in await self._execute(statement)]
         hits = await nearest_items(self.link, conditions, query, distance=distance, limit=size, offset=skip)
-        if not hits:
-            return []
         found = await self.get(agent_id, [(namespace, key) for namespace, key, _ in hits], now=now)
-        return [
+        scored = [
             found[namespace, key]._replace(score=score)
             for namespace, key, score in hits
             if (namespace, key) in found
         ]
+        if len(hits) == size:
+            return scored
+        # Past the scored items come those without embeddings (index=False), unscored, newest first.
+        before = skip + len(hits) if hits else await scored_count(self.link, conditions, len(query))
+        statement = (
+            sa.select(*_READ)
+            .where(*conditions, unscored(self.link, len(query)))
+            .order_by(_I.c.updated_at.desc(), _I.c.namespace, _I.c.key)
+            .limit(size - len(hits))
+            .offset(max(0, skip - before))
+        )
+        return scored + [_item(tuple(row)) for row in await self._execute(statement)]
 
     async def namespaces(
         self,

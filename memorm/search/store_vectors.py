@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
     from memorm.link import Link
 
-__all__ = ["BATCH", "DISTANCES", "nearest_items"]
+__all__ = ["BATCH", "DISTANCES", "nearest_items", "scored_count", "unscored"]
 
 DISTANCES = ("cosine", "inner_product", "l2")
 BATCH = 2_000  # vectors read (and scored) at a time on SQLite
@@ -58,6 +58,24 @@ _OF_ITEM = sa.and_(
     _V.c.namespace == _I.c.namespace,
     _V.c.key == _I.c.key,
 )
+
+
+def _sized(link: Link, dims: int) -> ColumnElement[bool]:
+    """A vector of `dims` dimensions (others, from another index config, are never compared)."""
+    if link.sqlite:
+        return sa.func.length(_V.c.embedding) == dims * 4
+    return sa.func.vector_dims(_V.c.embedding) == dims
+
+
+def unscored(link: Link, dims: int) -> ColumnElement[bool]:
+    """The item (a row of `STORE_ITEMS`) has no embedding a search of `dims` dimensions scores."""
+    return ~sa.exists().where(_OF_ITEM, _sized(link, dims))
+
+
+async def scored_count(link: Link, where: Sequence[ColumnElement[bool]], dims: int) -> int:
+    """How many of the items `where` keeps have an embedding of `dims` dimensions."""
+    query = sa.select(sa.func.count()).select_from(_I).where(*where, ~unscored(link, dims))
+    return int((await link.execute(query)).scalar() or 0)
 
 
 def _score(distance: str, value: float) -> float:
@@ -90,7 +108,7 @@ async def nearest_items(
     ranked = (
         sa.select(_V.c.namespace, _V.c.key, best)
         .join(_I, _OF_ITEM)
-        .where(*where, sa.func.vector_dims(_V.c.embedding) == dims)
+        .where(*where, _sized(link, dims))
         .group_by(_V.c.namespace, _V.c.key)
         .order_by(best, _V.c.namespace, _V.c.key)
         .limit(limit)
@@ -122,7 +140,7 @@ async def _sqlite_nearest(
         statement = (
             sa.select(_V.c.namespace, _V.c.key, _V.c.field, sa.type_coerce(_V.c.embedding, sa.LargeBinary))
             .join(_I, _OF_ITEM)
-            .where(*where, sa.func.length(_V.c.embedding) == dims * 4)
+            .where(*where, _sized(link, dims))
             .order_by(_V.c.namespace, _V.c.key, _V.c.field)
             .limit(BATCH)
         )

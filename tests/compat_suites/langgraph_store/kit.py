@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
@@ -31,6 +32,7 @@ __all__ = [
     "count_rows",
     "expire_now",
     "expires_at",
+    "memorm_store",
     "run",
     "updated_ago",
     "vector_store_context",
@@ -44,8 +46,12 @@ class SuiteStore(MemormStore):
     """A `MemormStore` with the TTL sweeper switches the suite calls.
 
     memorm runs no background sweeper (an expired item is never returned,
-    swept or not; `sweep_ttl` deletes them): stopping one has nothing to do.
+    swept or not; `sweep_ttl` deletes them): starting or stopping one has
+    nothing to do.
     """
+
+    def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> None:
+        return None
 
     def stop_ttl_sweeper(self, timeout: float | None = None) -> bool:
         return True
@@ -54,11 +60,29 @@ class SuiteStore(MemormStore):
 class AsyncSuiteStore(MemormStore):
     """`SuiteStore` for the async suite, whose sweeper switches are coroutines."""
 
+    async def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> None:
+        return None
+
     async def stop_ttl_sweeper(self, timeout: float | None = None) -> bool:
         return True
 
 
 CURRENT: dict[str, Any] = {}  # the test's memorm database, agent and store class (conftest.py sets them)
+
+
+def memorm_store(**kwargs: Any) -> MemormStore:
+    """What the suite's `InMemoryStore(**kwargs)` makes: a MemormStore of a new agent, on the test's database.
+
+    Called from sync code or in the test's event loop (whose thread it blocks a moment, like the
+    store's own sync methods), as an `InMemoryStore` is made anywhere.
+    """
+
+    async def create(db: Database) -> Any:
+        async with db.unit_of_work() as uow:
+            return (await uow.agents.create(f"in-memory-{uuid.uuid4().hex[:8]}")).id
+
+    db = CURRENT["db"]
+    return MemormStore(db, agent=BRIDGE.run(db, create), **kwargs)
 
 
 def vector_store_on(
