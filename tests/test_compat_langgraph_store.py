@@ -204,6 +204,8 @@ async def test_reads_refresh_the_ttl_unless_told_not_to(db: Database) -> None:
     soon = await _expires(db, "k")
     assert await still.aget(("ttl",), "k") is not None
     assert await _expires(db, "k") == soon
+    assert await still.aget(("ttl",), "k", refresh_ttl=True) is not None  # unless asked to
+    assert await _expires(db, "k") > soon
 
 
 async def test_vector_search_ranks_by_the_best_field(db: Database) -> None:

@@ -416,7 +416,7 @@ class MemormStore(BaseStore):
             stored = next(iter(found.values()), None)
             if stored is None:
                 return None
-            if self._refreshes(op.refresh_ttl):
+            if op.refresh_ttl:  # BaseStore.get resolved it from ttl.refresh_on_read, unless given
                 refresh.append(stored)
             return _as_item(stored)
         if isinstance(op, SearchOp):
@@ -432,14 +432,10 @@ class MemormStore(BaseStore):
                 query=query,
                 distance=self._index.distance if self._index is not None else "cosine",
             )
-            if self._refreshes(op.refresh_ttl):
+            if op.refresh_ttl:
                 refresh += hits
             return [_as_search_item(hit) for hit in hits]
         return await self._list(uow, op, now)
-
-    def _refreshes(self, asked: bool) -> bool:
-        config = self.ttl_config
-        return asked and (config is None or config.get("refresh_on_read", True))
 
     async def _list(self, uow: UnitOfWork, op: ListNamespacesOp, now: datetime) -> list[tuple[str, ...]]:
         if op.limit == 0:
