@@ -19,6 +19,7 @@ from typing_extensions import TypedDict
 from memorm import Database, ValidationError
 from memorm.compat.langgraph import MemormSaver, MemormStore
 from memorm.models import STORE_ITEMS, STORE_VECTORS
+from memorm.testing import capture_statements
 from memorm.types import utcnow
 
 pytestmark = pytest.mark.anyio
@@ -206,6 +207,19 @@ async def test_reads_refresh_the_ttl_unless_told_not_to(db: Database) -> None:
     assert await _expires(db, "k") == soon
     assert await still.aget(("ttl",), "k", refresh_ttl=True) is not None  # unless asked to
     assert await _expires(db, "k") > soon
+
+
+async def test_reads_of_items_without_a_ttl_write_nothing(db: Database) -> None:
+    store = MemormStore(db, agent=await _agent(db))  # no ttl config: items never expire
+    await store.aput(("plain",), "k", {"v": 1})
+    with capture_statements(db) as sent:
+        assert await store.aget(("plain",), "k") is not None
+        assert len(await store.asearch(("plain",))) == 1
+    assert [sql for sql, _ in sent if sql.lstrip().upper().startswith(("UPDATE", "INSERT", "DELETE"))] == []
+    await store.aput(("plain",), "t", {"v": 2}, ttl=5)
+    with capture_statements(db) as sent:  # with a TTL, a read moves it: one UPDATE
+        assert await store.aget(("plain",), "t") is not None
+    assert len([sql for sql, _ in sent if sql.lstrip().upper().startswith("UPDATE")]) == 1
 
 
 async def test_vector_search_ranks_by_the_best_field(db: Database) -> None:

@@ -416,7 +416,8 @@ class MemormStore(BaseStore):
             stored = next(iter(found.values()), None)
             if stored is None:
                 return None
-            if op.refresh_ttl:  # BaseStore.get resolved it from ttl.refresh_on_read, unless given
+            # BaseStore.get resolved refresh_ttl from ttl.refresh_on_read, unless given.
+            if op.refresh_ttl and stored.ttl_minutes is not None:
                 refresh.append(stored)
             return _as_item(stored)
         if isinstance(op, SearchOp):
@@ -433,7 +434,7 @@ class MemormStore(BaseStore):
                 distance=self._index.distance if self._index is not None else "cosine",
             )
             if op.refresh_ttl:
-                refresh += hits
+                refresh += [hit for hit in hits if hit.ttl_minutes is not None]
             return [_as_search_item(hit) for hit in hits]
         return await self._list(uow, op, now)
 
