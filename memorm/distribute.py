@@ -1,7 +1,7 @@
 """memorm on a Citus cluster: its tables distributed by agent (`Database.distribute`).
 
 Agents are distributed by their id and every other per-agent table (the
-graph-state tables too) by `agent_id`, all colocated, so an agent's rows
+graph-state and graph-store tables too) by `agent_id`, all colocated, so an agent's rows
 live on one shard and joins between them stay there; `agent_names` (names unique per tenant) is a
 reference table, copied to every node.  Migration 0009 made every key hold
 the agent's column, which Citus requires of distributed tables.  Indexes
@@ -24,6 +24,7 @@ from memorm.models import (
     MESSAGES,
     PASSAGES,
     SESSIONS,
+    STORE_TABLES,
 )
 from memorm.translate import translating
 
@@ -41,6 +42,7 @@ DISTRIBUTION: tuple[tuple[sa.Table, str | None], ...] = (
     (MESSAGES, "agent_id"),
     (PASSAGES, "agent_id"),
     *((table, "agent_id") for table in CHECKPOINT_TABLES),
+    *((table, "agent_id") for table in STORE_TABLES),
 )
 _CITUS = sa.text("SELECT extversion FROM pg_extension WHERE extname = 'citus'")
 _DONE = sa.text("SELECT logicalrelid::regclass::text FROM pg_dist_partition")

@@ -1,4 +1,4 @@
-"""The tables: Agent, Session, Message, ArchivalPassage, and the graph state of sessions.
+"""The tables: Agent, Session, Message, ArchivalPassage, the graph state of sessions, the graph store.
 
 One metadata object ([`metadata`][memorm.models.metadata], with a naming convention so constraint
 names are stable across engines and migrations) serves SQLite and Postgres.
@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import instrumentation, registry
 from sqlmodel import Field, SQLModel
@@ -43,12 +44,17 @@ __all__ = [
     "ROLES",
     "SEARCH_WORDS",
     "SESSIONS",
+    "STORE_ITEMS",
+    "STORE_TABLES",
+    "STORE_VECTORS",
     "Agent",
     "AgentName",
     "ArchivalPassage",
     "EmbeddingModel",
     "GraphBlob",
     "GraphCheckpoint",
+    "GraphStoreItem",
+    "GraphStoreVector",
     "GraphWrite",
     "MemormModel",
     "Message",
@@ -398,6 +404,81 @@ class GraphBlob(_SessionState, table=True):
     value: bytes | None = Field(default=None, sa_type=sa.LargeBinary)
 
 
+# -- long-term store (LangGraph's BaseStore; `memorm.compat.langgraph.MemormStore`) ----------
+# JSON documents an agent keeps across threads, under a namespace (LangGraph's
+# tuple of labels, joined by "." here: labels never hold one) and a key, with
+# optional expiry, and their embeddings for semantic search.  The rows are the
+# agent's (deleted, owned and sharded with it), never archival passages: a
+# memory a graph keeps is not a passage the agent lists, counts or retires.
+
+# Namespaces compare byte by byte on both engines (SQLite's BINARY, Postgres' "C"), so a
+# namespace prefix is a range of the primary key: p <= namespace < p + "/" ("/" follows ".").
+_NAMESPACE = sa.Text().with_variant(postgresql.TEXT(collation="C"), "postgresql")
+
+
+class _StoreRow(MemormModel):
+    """Columns every store row starts with: its tenant, agent, namespace and key."""
+
+    tenant: str = Field(
+        default=DEFAULT_TENANT,
+        primary_key=True,
+        sa_type=sa.Text,
+        sa_column_kwargs={"server_default": CurrentTenant(), "default": None},
+    )
+    agent_id: uuid.UUID = Field(sa_type=UUIDType, primary_key=True)
+    namespace: str = Field(sa_type=_NAMESPACE, primary_key=True)
+    key: str = Field(sa_type=sa.Text, primary_key=True)
+
+
+_STORE_EXPIRING = sa.text("expires_at IS NOT NULL")
+
+
+# An item of an agent's long-term store: a JSON object under (namespace, key).
+class GraphStoreItem(_StoreRow, table=True):
+    __tablename__ = "graph_store_items"
+    __table_args__ = (
+        _agent_key("graph_store_items"),
+        # Sweeps find an agent's expired items; items that never expire (NULL) are left out.
+        sa.Index(
+            None,
+            "tenant",
+            "agent_id",
+            "expires_at",
+            postgresql_where=_STORE_EXPIRING,
+            sqlite_where=_STORE_EXPIRING,
+        ),
+    )
+
+    value: dict[str, Any] = Field(default_factory=_EMPTY, sa_type=JSONType, nullable=False)
+    created_at: datetime = Field(default_factory=_NOW, sa_type=UTCDateTime, nullable=False)
+    updated_at: datetime = Field(default_factory=_NOW, sa_type=UTCDateTime, nullable=False)
+    # When the item expires (never returned after, deleted by a sweep); None: never.
+    expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # Minutes each read (with refresh) or write moves `expires_at` on by; None: no expiry.
+    ttl_minutes: float | None = Field(default=None, sa_type=sa.Float)
+
+
+# The embedding of one indexed field (its path, as the store's `fields` name it) of an item.
+class GraphStoreVector(_StoreRow, table=True):
+    __tablename__ = "graph_store_vectors"
+    __table_args__ = (
+        sa.ForeignKeyConstraint(
+            ["tenant", "agent_id", "namespace", "key"],
+            [
+                "graph_store_items.tenant",
+                "graph_store_items.agent_id",
+                "graph_store_items.namespace",
+                "graph_store_items.key",
+            ],
+            name="fk_graph_store_vectors_tenant_graph_store_items",
+            ondelete="CASCADE",
+        ),
+    )
+
+    field: str = Field(sa_type=sa.Text, primary_key=True)
+    embedding: list[float] = Field(sa_type=VectorType, nullable=False)
+
+
 # The tables behind the models, typed for Core statements (``AGENTS.c.name``).
 AGENTS: sa.Table = Agent.__table__  # type: ignore[attr-defined]
 SESSIONS: sa.Table = Session.__table__  # type: ignore[attr-defined]
@@ -409,6 +490,9 @@ CHECKPOINTS: sa.Table = GraphCheckpoint.__table__  # type: ignore[attr-defined]
 CHECKPOINT_WRITES: sa.Table = GraphWrite.__table__  # type: ignore[attr-defined]
 CHECKPOINT_BLOBS: sa.Table = GraphBlob.__table__  # type: ignore[attr-defined]
 CHECKPOINT_TABLES: tuple[sa.Table, ...] = (CHECKPOINTS, CHECKPOINT_WRITES, CHECKPOINT_BLOBS)
+STORE_ITEMS: sa.Table = GraphStoreItem.__table__  # type: ignore[attr-defined]
+STORE_VECTORS: sa.Table = GraphStoreVector.__table__  # type: ignore[attr-defined]
+STORE_TABLES: tuple[sa.Table, ...] = (STORE_ITEMS, STORE_VECTORS)  # parent first
 
 # Derived columns: the words full-text search indexes (``memorm.types.SearchWords``),
 # computed from the text on every write.  Table columns, not model fields: callers

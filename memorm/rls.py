@@ -8,7 +8,8 @@ connection without it sees no row and can write none.  Superusers and roles
 with `BYPASSRLS` are not subject to policies (Postgres' rule): they are for
 migrations and cross-tenant maintenance, never for the application
 (docs/tenancy.md).  Migration 0008 creates the same objects (its own frozen
-copy of these statements), 0012 for the graph-state tables; `create_all` runs them too.
+copy of these statements), 0012 for the graph-state tables, 0013 for the graph
+store's; `create_all` runs them too.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from memorm.models import (
     MESSAGES,
     PASSAGES,
     SESSIONS,
+    STORE_TABLES,
 )
 from memorm.tenancy import TENANT_SETTING
 
@@ -37,6 +39,7 @@ TENANT_TABLES: tuple[sa.Table, ...] = (
     PASSAGES,
     EMBEDDING_MODELS,
     *CHECKPOINT_TABLES,
+    *STORE_TABLES,
 )
 _OWN = f"tenant = current_setting('{TENANT_SETTING}', true)"
 

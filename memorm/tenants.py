@@ -25,6 +25,7 @@ from memorm.models import (
     MESSAGES,
     PASSAGES,
     SESSIONS,
+    STORE_TABLES,
 )
 from memorm.progress import Reporter, Silent
 from memorm.search.fts_ddl import FTS_INDEXES
@@ -43,6 +44,7 @@ DELETE_BATCH = 5_000  # rows per DELETE (and per transaction) in delete_tenant
 _DELETE_ORDER: tuple[sa.Table, ...] = (
     MESSAGES,
     *CHECKPOINT_TABLES,
+    *reversed(STORE_TABLES),
     PASSAGES,
     SESSIONS,
     EMBEDDING_MODELS,
@@ -50,8 +52,8 @@ _DELETE_ORDER: tuple[sa.Table, ...] = (
 )
 # The tables `list_tenants` counts per tenant.
 _TABLES: tuple[sa.Table, ...] = (AGENTS, EMBEDDING_MODELS, SESSIONS, MESSAGES, PASSAGES)
-# The tables `delete_tenant` counts: those, and the graph state of the sessions.
-_DELETED: tuple[sa.Table, ...] = (*_TABLES, *CHECKPOINT_TABLES)
+# The tables `delete_tenant` counts: those, the graph state of the sessions and the graph stores.
+_DELETED: tuple[sa.Table, ...] = (*_TABLES, *CHECKPOINT_TABLES, *STORE_TABLES)
 
 
 async def list_tenants(db: Database) -> dict[str, dict[str, int]]:
@@ -86,10 +88,11 @@ async def delete_tenant(
     `forget`), and the in-process vector cache drops the tenant's matrices.
     Returns the rows deleted per table (with `dry_run`, the rows there are;
     nothing changes): agents, embedding models, sessions, messages, archival
-    passages, and the graph state of the sessions (`graph_checkpoints`,
-    `graph_writes`, `graph_blobs`: what `memorm.compat.langgraph` stores),
-    every table named even when it held none.  Works with the application
-    role: the units of work are the tenant's own.
+    passages, the graph state of the sessions (`graph_checkpoints`,
+    `graph_writes`, `graph_blobs`: what `memorm.compat.langgraph` stores)
+    and the agents' LangGraph stores (`graph_store_items`,
+    `graph_store_vectors`), every table named even when it held none.
+    Works with the application role: the units of work are the tenant's own.
     """
     owner = check_tenant(tenant)
     size = check_int(batch, "batch", minimum=1, maximum=1_000_000)
@@ -229,7 +232,7 @@ async def create_role(db: Database, role: str, *, password: str | None = None) -
             database = await connection.scalar(sa.text("SELECT current_database()"))
             await run("GRANT CONNECT ON DATABASE %I TO %I", database, name)
             await run("GRANT USAGE ON SCHEMA %I TO %I", schema, name)
-            for table in (*_TABLES, AGENT_NAMES, *CHECKPOINT_TABLES):
+            for table in (*_TABLES, AGENT_NAMES, *CHECKPOINT_TABLES, *STORE_TABLES):
                 await run("GRANT SELECT, INSERT, UPDATE, DELETE ON %I.%I TO %I", schema, table.name, name)
             await run("GRANT SELECT ON %I.alembic_version TO %I", schema, name)
             await run(

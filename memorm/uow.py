@@ -41,6 +41,7 @@ from memorm.repositories import (
     MessageRepository,
     PassageRepository,
     SessionRepository,
+    StoreRepository,
 )
 from memorm.routing import DISTRIBUTED, ROUTES
 from memorm.search.vector import ARCHIVE_WRITES
@@ -65,6 +66,8 @@ class UnitOfWork:
         passages: the agents' archival passages and embedding models.
         checkpoints: the graph state of the agents' sessions (LangGraph's checkpoints;
             `memorm.compat.langgraph` uses it).
+        graph_store: the agents' long-term store items and their embeddings (LangGraph's
+            `BaseStore`; `memorm.compat.langgraph.MemormStore` uses it).
         session: a SQLAlchemy `AsyncSession` on the unit of work's connection and
             transaction, for queries of your own (made on first use).
     """
@@ -74,6 +77,7 @@ class UnitOfWork:
     messages: MessageRepository
     passages: PassageRepository
     checkpoints: CheckpointRepository
+    graph_store: StoreRepository
 
     def __init__(self, db: Database, *, tenant: str | None = DEFAULT_TENANT, read_only: bool = False) -> None:
         self.db = db
@@ -205,6 +209,7 @@ class UnitOfWork:
         self.messages = MessageRepository(link, tenant, token_counter=db.token_counter)
         self.passages = PassageRepository(link, tenant, cache=db.vector_cache)
         self.checkpoints = CheckpointRepository(link, tenant)
+        self.graph_store = StoreRepository(link, tenant)
 
     async def _checkout(self, engine: AsyncEngine, *, connect: bool) -> None:
         # Kept on self at once: a cancellation raised after a protected check-out

@@ -14,8 +14,10 @@ TABLES = (AGENTS, EMBEDDING_MODELS, SESSIONS, MESSAGES, PASSAGES)
 # Each tenant's texts carry a word of its own, to look for in the full-text indexes.
 WORDS = {"acme": "anvilrocket", "globex": "hammockfern", "default": "quietmoss"}
 FILLED = {"agents": 2, "embedding_models": 3, "sessions": 3, "messages": 7, "archival_passages": 4}
-# delete_tenant counts the graph state of the sessions too; `fill` makes none.
+# delete_tenant counts the graph state of the sessions and the agents' graph stores too; `fill` makes none.
 NO_GRAPH = {"graph_checkpoints": 0, "graph_writes": 0, "graph_blobs": 0}
+NO_STORE = {"graph_store_items": 0, "graph_store_vectors": 0}
+NO_LANGGRAPH = {**NO_GRAPH, **NO_STORE}
 
 
 async def fill(db: Database, tenant: str) -> dict[str, uuid.UUID]:

@@ -22,6 +22,7 @@ import pytest
 import sqlalchemy as sa
 
 from memorm import Database, DatabaseError, ValidationError
+from memorm.compat.langgraph import MemormStore
 from memorm.distribute import DISTRIBUTION, is_distributed
 from memorm.testing import capture_statements
 from tests import citus_kit
@@ -64,6 +65,8 @@ async def test_distribute_is_idempotent_and_puts_every_table_in_place(citus_url:
         "graph_checkpoints": "agent_id",
         "graph_writes": "agent_id",
         "graph_blobs": "agent_id",
+        "graph_store_items": "agent_id",
+        "graph_store_vectors": "agent_id",
     }
 
 
@@ -159,6 +162,8 @@ def test_the_distribute_command_prints_what_it_did_and_is_safe_to_rerun(
         "graph_checkpoints: distributed by agent_id",
         "graph_writes: distributed by agent_id",
         "graph_blobs: distributed by agent_id",
+        "graph_store_items: distributed by agent_id",
+        "graph_store_vectors: distributed by agent_id",
     ]
     assert main(["db", "distribute", "--url", citus_url]) == 0
     assert capsys.readouterr().out == "already distributed: nothing to do\n"
@@ -217,6 +222,20 @@ async def test_every_per_agent_call_runs_on_one_shard(cluster: Database, citus_u
             ].passage.text == "fact 3 about tea"
             assert (await uow.passages.search_text(agent.id, "tea")).total == 70
             assert await uow.passages.hybrid_search(agent.id, "fact 5", [1.0, 5.0, 0.5], k=2)
+        # LangGraph's long-term store: every call of an agent's store stays on its shard too.
+        index = {"dims": 2, "embed": lambda texts: [[1.0, float(len(t))] for t in texts], "fields": ["text"]}
+        store = MemormStore(db, agent=agent.id, index=index, ttl={"default_ttl": 60})
+        await store.aput(("notes", "a"), "k1", {"text": "tea", "n": 1})
+        await store.aput(("notes", "b"), "k2", {"text": "coffee", "n": 2})
+        found = await store.aget(("notes", "a"), "k1")
+        assert found is not None
+        assert found.value == {"text": "tea", "n": 1}
+        assert [i.key for i in await store.asearch(("notes",), filter={"n": {"$gt": 1}})] == ["k2"]
+        assert [i.key for i in await store.asearch(("notes",), query="tea")] == ["k1", "k2"]
+        assert await store.alist_namespaces(prefix=("notes",)) == [("notes", "a"), ("notes", "b")]
+        assert await store.alist_namespaces(max_depth=1) == [("notes",)]
+        await store.adelete(("notes", "a"), "k1")
+        assert await store.asweep_ttl() == 0
     async with Database(citus_url) as cold, cold.unit_of_work(read_only=True) as uow:
         with pytest.raises(DatabaseError, match="multi-task query"):
             await uow.messages.window(chat.id)  # unknown session: its lookup asks every shard

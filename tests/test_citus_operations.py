@@ -26,7 +26,7 @@ import anyio
 import asyncpg
 import pytest
 from cli_run import memorm, run
-from tenant_data import FILLED, NO_GRAPH, WORDS, fill, rows_of
+from tenant_data import FILLED, NO_GRAPH, NO_LANGGRAPH, WORDS, fill, rows_of
 
 from memorm import Database, DatabaseError, MemormError
 from memorm.distribute import is_distributed
@@ -219,6 +219,8 @@ def test_stats_count_every_shard_and_size_the_shards_not_the_coordinator(
         "embedding_models": "6",
         "graph_blobs": "0",
         "graph_checkpoints": "0",
+        "graph_store_items": "0",
+        "graph_store_vectors": "0",
         "graph_writes": "0",
         "messages": "314",
         "sessions": "7",
@@ -407,7 +409,7 @@ def test_delete_tenant_empties_one_tenant_on_every_shard_and_leaves_the_other(
 
     globex = run(fill_and_fingerprint())
     code, out, _ = memorm(capsys, "tenant", "delete", "acme", "--dry-run", "--url", cluster_url)
-    counted = {**FILLED, **NO_GRAPH}
+    counted = {**FILLED, **NO_LANGGRAPH}
     assert (code, out.splitlines()) == (0, [f"would delete {n} {table}" for table, n in counted.items()])
     code, out, err = memorm(capsys, "tenant", "delete", "acme", "--batch-size", "2", "--url", cluster_url)
     assert (code, err) == (0, "")

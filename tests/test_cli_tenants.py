@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 from cli_run import drawn_progress, memorm, run, usage_error
 from sqlalchemy.engine import make_url
-from tenant_data import FILLED, NO_GRAPH, TABLES, WORDS, fill, rows_of
+from tenant_data import FILLED, NO_GRAPH, NO_LANGGRAPH, NO_STORE, TABLES, WORDS, fill, rows_of
 
 from memorm import Database
 from memorm.cli import tenant as tenant_cli
@@ -94,6 +94,8 @@ DELETED = [
     "deleted 0 graph_checkpoints",
     "deleted 0 graph_writes",
     "deleted 0 graph_blobs",
+    "deleted 0 graph_store_items",
+    "deleted 0 graph_store_vectors",
 ]
 
 
@@ -147,7 +149,7 @@ def test_tenant_delete_reports_progress_per_table(
     bars = drawn_progress(monkeypatch)
     assert memorm(capsys, "tenant", "delete", "globex", "--batch-size", "1", "--url", tenants)[0] == 0
     assert {task.description: (task.completed, task.total) for task in bars[0].tasks} == {
-        table: (count, count) for table, count in {**FILLED, **NO_GRAPH}.items()
+        table: (count, count) for table, count in {**FILLED, **NO_LANGGRAPH}.items()
     }
 
 
@@ -190,7 +192,7 @@ def test_tenant_delete_prints_the_graph_state_it_deletes(
     assert all(graph["acme"].values())
     assert graph["acme"]["graph_checkpoints"] == 2 * graph["globex"]["graph_checkpoints"]
     globex = run(_rows(tenants, "globex"))
-    counted = {**FILLED, "sessions": FILLED["sessions"] + 2, **graph["acme"]}
+    counted = {**FILLED, "sessions": FILLED["sessions"] + 2, **graph["acme"], **NO_STORE}
     code, out, err = memorm(capsys, "tenant", "delete", "acme", "--dry-run", "--url", tenants)
     assert (code, err) == (0, "")
     assert out.splitlines() == [f"would delete {n} {table}" for table, n in counted.items()]

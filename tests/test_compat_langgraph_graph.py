@@ -283,6 +283,7 @@ async def test_delete_tenant_counts_the_graph_state_and_leaves_another_tenants_t
     globex_history = [t.checkpoint["id"] async for t in savers["globex"].alist(thread("review"))]
 
     counts = {"agents": 1, "embedding_models": 0, "sessions": 2, "messages": 0, "archival_passages": 0}
+    counts |= {"graph_store_items": 0, "graph_store_vectors": 0}  # no LangGraph store here
     assert await db.delete_tenant("acme", dry_run=True) == {**counts, **acme_rows}
     assert await _graph_rows(db, "acme") == acme_rows  # a dry run deletes nothing
     assert await db.delete_tenant("acme", batch=2) == {**counts, **acme_rows}  # several batches a table

@@ -133,7 +133,13 @@ async def test_delete_tenant_removes_its_rows_and_no_others(db: Database) -> Non
             await uow.messages.append(chat.id, [{"role": "user", "content": f"m{i}"} for i in range(7)])
             await uow.passages.add(agent.id, "fact", [1.0, 0.0])
     expected = {"agents": 1, "embedding_models": 1, "sessions": 1, "messages": 7, "archival_passages": 1}
-    graph = {"graph_checkpoints": 0, "graph_writes": 0, "graph_blobs": 0}  # no LangGraph state here
+    graph = {  # no LangGraph state here
+        "graph_checkpoints": 0,
+        "graph_writes": 0,
+        "graph_blobs": 0,
+        "graph_store_items": 0,
+        "graph_store_vectors": 0,
+    }
     assert await db.delete_tenant("a", dry_run=True) == {**expected, **graph}
     assert await db.delete_tenant("a", batch=3) == {**expected, **graph}
     assert await db.delete_tenant("a") == dict.fromkeys({**expected, **graph}, 0)

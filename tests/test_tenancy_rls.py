@@ -19,8 +19,18 @@ import sqlalchemy as sa
 from conftest import Store, app_role, asyncpg_dsn, drop_role
 from sqlalchemy.engine import make_url
 
-from memorm import Database, ValidationError
-from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS
+from memorm import Database, ValidationError, metadata
+from memorm.models import (
+    AGENTS,
+    EMBEDDING_MODELS,
+    MESSAGES,
+    PASSAGES,
+    SESSIONS,
+    STORE_ITEMS,
+    STORE_TABLES,
+    STORE_VECTORS,
+)
+from memorm.rls import TENANT_TABLES
 from memorm.tenants import create_role
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres]
@@ -261,3 +271,47 @@ async def test_a_tenants_transaction_begins_once_whatever_savepoints_it_takes(ro
     async with roles.app.unit_of_work("acme", read_only=True) as uow:
         assert await uow.agents.get_by_name("sam") is not None
     assert notices == []  # was: "there is already a transaction in progress", per savepoint
+
+
+async def test_every_table_is_a_tenant_table_with_row_level_security_after_the_migrations(
+    roles: Roles,
+) -> None:
+    assert {table.name for table in TENANT_TABLES} == set(metadata.tables)
+    async with roles.owner.engine.connect() as connection:  # the schema alembic built (0001..head)
+        rows = await connection.execute(
+            sa.text(
+                "SELECT c.relname, c.relrowsecurity, c.relforcerowsecurity, EXISTS ("
+                "  SELECT 1 FROM pg_policy p WHERE p.polrelid = c.oid AND p.polname = 'memorm_tenant')"
+                " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE n.nspname = :schema AND c.relkind = 'r'"
+            ),
+            {"schema": roles.schema},
+        )
+        found = {name: (enabled, forced, policy) for name, enabled, forced, policy in rows}
+    assert {name: found.get(name) for name in metadata.tables} == {
+        name: (True, True, True) for name in metadata.tables
+    }
+
+
+async def test_the_graph_store_tables_show_each_tenant_its_own_rows(roles: Roles) -> None:
+    from memorm.compat.langgraph import MemormStore
+
+    index = {"dims": 2, "embed": lambda texts: [[1.0, 0.5] for _ in texts]}
+    for tenant in ("a", "b"):
+        view = roles.app.for_tenant(tenant)
+        async with view.unit_of_work() as uow:
+            agent = await uow.agents.create("sam")
+        await MemormStore(view, agent=agent.id, index=index).aput(("notes",), "k", {"by": tenant})
+    for tenant in ("a", "b"):
+        async with roles.app.unit_of_work(tenant, read_only=True) as uow:
+            for table in STORE_TABLES:
+                assert set((await uow.session.execute(sa.select(table.c.tenant))).scalars()) == {tenant}
+    async with roles.app.unit_of_work("a") as uow:  # raw SQL in one tenant touches its rows only
+        changed = await uow.session.execute(sa.update(STORE_ITEMS).values(value={"by": "x"}))
+        assert changed.rowcount == 1  # type: ignore[attr-defined]
+    await roles.app.delete_tenant("a")
+    async with roles.owner.unit_of_work(read_only=True, all_tenants=True) as uow:
+        items = (await uow.session.execute(sa.select(STORE_ITEMS.c.tenant, STORE_ITEMS.c.value))).all()
+        assert [tuple(row) for row in items] == [("b", {"by": "b"})]
+        vectors = (await uow.session.execute(sa.select(STORE_VECTORS.c.tenant))).scalars().all()
+        assert vectors == ["b"]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from tenant_data import FILLED, NO_GRAPH, TABLES, WORDS, fill, rows_of
+from tenant_data import FILLED, NO_LANGGRAPH, TABLES, WORDS, fill, rows_of
 
 from memorm import Database, NotFoundError, ValidationError
 from memorm.retention import Removed, forget, purge_expired, purge_older_than
@@ -68,10 +68,10 @@ async def test_delete_tenant_removes_every_row_of_it_and_nothing_of_another(db: 
         assert {key[0] for key in db.vector_cache._entries} == set(agents)
         assert await fts_matches(db, WORDS["acme"]) == {"messages_fts": 7, "archival_passages_fts": 4}
 
-    assert await db.delete_tenant("acme", dry_run=True) == {**FILLED, **NO_GRAPH}
+    assert await db.delete_tenant("acme", dry_run=True) == {**FILLED, **NO_LANGGRAPH}
     assert {tenant: await rows_of(db, tenant) for tenant in agents} == before
 
-    assert await db.delete_tenant("acme", batch=2) == {**FILLED, **NO_GRAPH}  # several batches a table
+    assert await db.delete_tenant("acme", batch=2) == {**FILLED, **NO_LANGGRAPH}  # several batches a table
     assert await rows_of(db, "acme") == {
         table.name: (0, hashlib.sha256(b"[]").hexdigest()) for table in TABLES
     }
@@ -87,7 +87,7 @@ async def test_delete_tenant_removes_every_row_of_it_and_nothing_of_another(db: 
         assert len(hits) == 5
         assert len(await uow.passages.search(agents["globex"]["sam"], [1.0, 0.0], k=5)) == 1
 
-    assert await db.delete_tenant("acme") == {**dict.fromkeys(FILLED, 0), **NO_GRAPH}  # nothing left
+    assert await db.delete_tenant("acme") == {**dict.fromkeys(FILLED, 0), **NO_LANGGRAPH}  # nothing left
     async with db.for_tenant("acme").unit_of_work() as uow:  # the name is free to use again
         assert (await uow.agents.create("sam")).name == "sam"
 
@@ -110,6 +110,8 @@ async def test_delete_tenant_reports_each_table_as_its_batches_commit(db: Databa
         ("graph_checkpoints", 0),
         ("graph_writes", 0),
         ("graph_blobs", 0),
+        ("graph_store_vectors", 0),
+        ("graph_store_items", 0),
         ("archival_passages", 4),
         ("sessions", 3),
         ("embedding_models", 3),

@@ -3,7 +3,7 @@
 * [`memorm.compat.memgpt`][memorm.compat.memgpt]: MemGPT-style archival, recall and persistence classes.
 * `memorm.compat.langchain`: chat message history and vector store (extra `langchain`).
 * `memorm.compat.openai_agents`: the Agents SDK's session protocol (extra `openai-agents`).
-* `memorm.compat.langgraph`: a LangGraph checkpointer (extra `langgraph`).
+* `memorm.compat.langgraph`: a LangGraph checkpointer and long-term store (extra `langgraph`).
 
 Importing `memorm` never imports a framework; only these modules do.
 """

@@ -19,6 +19,9 @@ graph's state too.  Values are serialized by LangGraph's own serializer
 (`self.serde`, msgpack; a serializer with a pickle fallback is refused), and
 stored as memorm sees them: opaque bytes.
 
+Its long-term store, [`MemormStore`][memorm.compat.langgraph_store.MemormStore]
+(LangGraph's `BaseStore`), is importable from here too.
+
 Importing `memorm` never imports LangGraph; only this module does.
 """
 
@@ -45,6 +48,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from memorm.compat._sync import BRIDGE
+from memorm.compat.langgraph_store import MemormStore
 from memorm.db import Database
 from memorm.errors import DatabaseError, NotFoundError, ValidationError
 from memorm.models import Agent
@@ -54,7 +58,7 @@ from memorm.search.filters import check_json_keys
 from memorm.uow import UnitOfWork
 from memorm.validation import MAX_COUNT, as_uuid, check_duration, check_int, check_name
 
-__all__ = ["PAGE", "MemormSaver", "copy_checkpoints"]
+__all__ = ["PAGE", "MemormSaver", "MemormStore", "copy_checkpoints"]
 
 PAGE = 100
 """Checkpoints read per query when listing."""

@@ -5,6 +5,7 @@ from memorm.repositories.checkpoints import CheckpointRepository
 from memorm.repositories.messages import MessageRepository
 from memorm.repositories.passages import PassageRepository
 from memorm.repositories.sessions import SessionRepository
+from memorm.repositories.store import StoreRepository
 
 __all__ = [
     "AgentRepository",
@@ -12,4 +13,5 @@ __all__ = [
     "MessageRepository",
     "PassageRepository",
     "SessionRepository",
+    "StoreRepository",
 ]

@@ -33,13 +33,25 @@ from memorm.validation import check_aware, check_json
 if TYPE_CHECKING:
     from memorm.link import Link
 
-__all__ = ["Filter", "check_json_keys", "compile_filter", "filter_conditions", "json_key_conditions"]
+__all__ = [
+    "COMPARISONS",
+    "Filter",
+    "check_json_keys",
+    "check_value_filter",
+    "compile_filter",
+    "filter_conditions",
+    "json_key_conditions",
+    "json_value_conditions",
+]
 
 Filter = Mapping[str, Any]
 
 _KEY = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _RANGE = {"$gt": "__gt__", "$gte": "__ge__", "$lt": "__lt__", "$lte": "__le__"}
 _MAX_IN = 1000
+COMPARISONS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
+"""The operators `json_value_conditions` takes (LangGraph's store filters)."""
+_ORDER = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
 
 
 def _sqlite_json_type(value: Any) -> tuple[str, ...]:
@@ -130,6 +142,82 @@ def json_key_conditions(
             sa.and_(sa.func.json_type(column, path) == kind, sa.func.json_extract(column, path) == compact)
         )
     return conditions
+
+
+def check_value_filter(where: object, field: str) -> Filter:
+    """`where`, checked for `json_value_conditions` (without building SQL): a dict of keys to conditions."""
+    if not isinstance(where, Mapping):
+        raise ValidationError(f"{field}: expected a dict, got {type(where).__name__}")
+    for key, condition in where.items():
+        if not isinstance(key, str) or not _KEY.match(key):
+            raise ValidationError(f"{field}: key {key!r} must be 1-64 letters, digits, '_' or '-'")
+        if not _has_operators(condition):
+            check_json(condition, f"{field}.{key}")
+            continue
+        for name, operand in condition.items():
+            where_ = f"{field}.{key}.{name}"
+            if name not in COMPARISONS:
+                raise ValidationError(f"{field}.{key}: {name!r} is not one of {', '.join(COMPARISONS)}")
+            if name in _ORDER and (isinstance(operand, bool) or not isinstance(operand, (int, float, str))):
+                raise ValidationError(
+                    f"{where_}: compare with a number or a string, got {type(operand).__name__}"
+                )
+            check_json(operand, where_)
+    return where
+
+
+def _has_operators(condition: object) -> bool:
+    return isinstance(condition, Mapping) and any(
+        isinstance(name, str) and name.startswith("$") for name in condition
+    )
+
+
+def json_value_conditions(
+    link: Link, column: sa.Column[Any], where: object, field: str
+) -> list[ColumnElement[bool]]:
+    """Conditions on the keys of `column` (a JSON object): values, or comparisons by operator.
+
+    `{"color": "red"}` and `{"color": {"$eq": "red"}}` hold where the key
+    holds that JSON value (as `json_key_conditions`); `$ne` where it does
+    not (a missing key included); `$gt`, `$gte`, `$lt` and `$lte` compare
+    a number with numbers and a string with strings (byte order on SQLite,
+    Postgres' collation there), and never hold for a value of another JSON
+    type.  Several operators on a key must all hold, as must several keys.
+    """
+    dialect = link.dialect.name
+    conditions: list[ColumnElement[bool]] = []
+    for key, condition in check_value_filter(where, field).items():
+        if not _has_operators(condition):
+            conditions += json_key_conditions(link, column, {key: condition}, field)
+            continue
+        for name, operand in condition.items():
+            equal = sa.and_(*json_key_conditions(link, column, {key: operand}, f"{field}.{key}.{name}"))
+            if name == "$eq":
+                conditions.append(equal)
+            elif name == "$ne":
+                conditions.append(sa.not_(sa.func.coalesce(equal, sa.false(), type_=sa.Boolean)))
+            else:
+                conditions.append(_ordered(dialect, column, key, _ORDER[name], operand))
+    return conditions
+
+
+def _ordered(
+    dialect: str, column: sa.Column[Any], key: str, operator: str, operand: Any
+) -> ColumnElement[bool]:
+    """`column[key] <operator> operand` for a number or a string (checked), of the same JSON type only."""
+    number = not isinstance(operand, str)
+    if dialect == "postgresql":
+        found = column.op("->")(sa.bindparam(None, key, type_=sa.Text))
+        kind = sa.func.jsonb_typeof(found) == ("number" if number else "string")
+        bound = sa.bindparam(None, operand, type_=JSONType())
+        return sa.and_(kind, found.op(operator, is_comparison=True)(bound))
+    path = f'$."{key}"'
+    types = ("integer", "real") if number else ("text",)
+    value = sa.func.json_extract(column, path)
+    return sa.and_(
+        sa.func.json_type(column, path).in_(types),
+        value.op(operator, is_comparison=True)(sa.bindparam(None, operand)),
+    )
 
 
 def _check_scalar(value: Any, key: str) -> None:

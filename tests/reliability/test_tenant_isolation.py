@@ -696,6 +696,8 @@ async def test_maintenance_across_tenants_matches_rows_by_tenant_and_id(scene: S
         "graph_checkpoints": 0,
         "graph_writes": 0,
         "graph_blobs": 0,
+        "graph_store_items": 0,
+        "graph_store_vectors": 0,
     }
     assert await tenant_hash(owner, "a") == before
     assert await searches(db, "a", a) == found

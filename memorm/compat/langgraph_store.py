@@ -1,0 +1,553 @@
+"""LangGraph's long-term store on memorm: [`MemormStore`][memorm.compat.langgraph_store.MemormStore].
+
+A graph's memories that outlive its threads (`store.put(("users", "42"),
+"likes", {...})` in a node) are kept in memorm's `graph_store_items`, an
+agent's rows like its sessions and passages: deleting the agent, or its
+tenant, deletes them; `db.for_tenant` keeps them in a tenant.  With an
+`index`, each item's fields are embedded and kept in `graph_store_vectors`
+for semantic search (`store.search(ns, query="...")`); they are not
+archival passages, and never appear among the agent's.
+
+```python
+from memorm.compat.langgraph import MemormSaver, MemormStore
+
+store = MemormStore(db, agent=agent.id, index={"dims": 384, "embed": embed_texts})
+graph = builder.compile(checkpointer=MemormSaver(db, agent=agent.id), store=store)
+```
+
+Importing `memorm` never imports LangGraph; only this module does.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, cast
+
+from langchain_core.embeddings import Embeddings
+from langgraph.store.base import (
+    BaseStore,
+    GetOp,
+    IndexConfig,
+    InvalidNamespaceError,
+    Item,
+    ListNamespacesOp,
+    MatchCondition,
+    Op,
+    PutOp,
+    Result,
+    SearchItem,
+    SearchOp,
+    TTLConfig,
+    ensure_embeddings,
+    get_text_at_path,
+    tokenize_path,
+)
+
+from memorm.compat._sync import BRIDGE
+from memorm.db import Database
+from memorm.errors import ValidationError
+from memorm.models import Agent
+from memorm.repositories.store import NewItem, StoredItem
+from memorm.search.filters import check_value_filter
+from memorm.search.store_vectors import DISTANCES
+from memorm.types import utcnow
+from memorm.uow import UnitOfWork
+from memorm.validation import MAX_DIMENSIONS, MAX_PAGE, as_uuid, check_json_object, check_text, check_vector
+
+__all__ = ["InvalidNamespace", "MemormStore"]
+
+_MAX_BYTES = 1024  # of a joined namespace, and of a key: both in the primary key's btree entries
+_LIST_PAGE = 1000  # namespaces read at a time when a listing filters them in Python
+_SWEEP_BATCH = 1000  # expired items deleted per transaction by a sweep
+
+
+class InvalidNamespace(ValidationError, InvalidNamespaceError):
+    """A namespace LangGraph refuses: memorm's `ValidationError` and LangGraph's `InvalidNamespaceError`."""
+
+
+def _labels(namespace: object, field: str) -> tuple[str, ...]:
+    if not isinstance(namespace, (tuple, list)):
+        raise InvalidNamespace(f"{field}: expected a tuple of labels, got {type(namespace).__name__}")
+    for label in namespace:
+        if not isinstance(label, str):
+            raise InvalidNamespace(
+                f"{field}: a label is a string, got {type(label).__name__} in {namespace!r}"
+            )
+        if not label or "." in label or "\x00" in label:
+            raise InvalidNamespace(
+                f"{field}: labels are non-empty, without '.' or NUL; got {label!r} in {namespace!r}"
+            )
+        check_text(label, field)
+    joined = ".".join(namespace)
+    if len(joined.encode()) > _MAX_BYTES:
+        raise InvalidNamespace(f"{field}: a namespace is at most {_MAX_BYTES} bytes joined")
+    return tuple(namespace)
+
+
+def _key(key: object) -> str:
+    if not isinstance(key, str):
+        raise ValidationError(f"key: expected a string, got {type(key).__name__}")
+    check_text(key, "key")
+    if len(key.encode()) > _MAX_BYTES:
+        raise ValidationError(f"key: at most {_MAX_BYTES} bytes")
+    return key
+
+
+def _count(value: object, field: str, *, minimum: int, maximum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise ValidationError(f"{field}: expected an integer from {minimum} to {maximum}, got {value!r:.80}")
+    return int(value)
+
+
+def _minutes(value: object, field: str) -> float | None:
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValidationError(f"{field}: expected a positive number of minutes or None, got {value!r:.80}")
+    if value > 1000 * 365 * 24 * 60:
+        raise ValidationError(f"{field}: more than a thousand years")
+    return float(value)
+
+
+def _ttl_config(ttl: object) -> TTLConfig | None:
+    if ttl is None:
+        return None
+    if not isinstance(ttl, Mapping):
+        raise ValidationError(f"ttl: expected a TTLConfig dict, got {type(ttl).__name__}")
+    known = {"default_ttl", "refresh_on_read", "sweep_interval_minutes", "omit_expired"}
+    unknown = set(ttl) - known
+    if unknown:
+        raise ValidationError(f"ttl: unknown keys {sorted(map(str, unknown))}")
+    config = cast("TTLConfig", dict(ttl))
+    _minutes(config.get("default_ttl"), "ttl.default_ttl")
+    if not isinstance(config.get("refresh_on_read", True), bool):
+        raise ValidationError("ttl.refresh_on_read: expected a bool")
+    return config
+
+
+class _Index:
+    """A checked `IndexConfig`: dimensions, embeddings, fields (tokenized) and distance."""
+
+    def __init__(self, index: object) -> None:
+        if not isinstance(index, Mapping):
+            raise ValidationError(f"index: expected an IndexConfig dict, got {type(index).__name__}")
+        self.dims = _count(index.get("dims"), "index.dims", minimum=1, maximum=MAX_DIMENSIONS)
+        if index.get("embed") is None:
+            raise ValidationError(
+                "index.embed: expected Embeddings, an embedding function or a provider string"
+            )
+        try:
+            embeddings = ensure_embeddings(index["embed"])
+        except (ValueError, TypeError, ImportError) as error:
+            raise ValidationError(f"index.embed: {error}") from error
+        self.embeddings: Embeddings = embeddings
+        fields = index.get("fields") or ["$"]
+        if isinstance(fields, str) or not isinstance(fields, Sequence):
+            raise ValidationError("index.fields: expected a list of field paths")
+        self.fields = [(path, _path(path, "index.fields")) for path in fields]
+        distance = index.get("distance_type", "cosine")
+        if distance not in DISTANCES:
+            raise ValidationError(f"index.distance_type: expected one of {', '.join(DISTANCES)}")
+        self.distance: str = distance
+
+
+def _path(path: object, field: str) -> str | list[str]:
+    if not isinstance(path, str) or not path:
+        raise ValidationError(f"{field}: a field path is a non-empty string, got {path!r:.80}")
+    check_text(path, field)
+    if path == "$":
+        return path
+    try:
+        return tokenize_path(path)
+    except (ValueError, IndexError) as error:
+        raise ValidationError(f"{field}: {path!r} is not a field path: {error}") from error
+
+
+class _Put:
+    """A checked PutOp: an item to store (with the texts to embed), or a key to delete."""
+
+    __slots__ = ("item", "texts")
+
+    def __init__(self, item: NewItem | tuple[str, str], texts: dict[str, str]) -> None:
+        self.item = item
+        self.texts = texts
+
+
+class MemormStore(BaseStore):
+    """A LangGraph long-term store (`BaseStore`) over a memorm [`Database`][memorm.db.Database].
+
+    Args:
+        db: the shared database (a [`for_tenant`][memorm.db.Database.for_tenant]
+            view keeps the items in that tenant).  Each call is one unit of work.
+        agent: the memorm agent (or its id) whose store this is.  Deleting the
+            agent deletes its items.  One store serves one agent.
+        index: LangGraph's `IndexConfig` for semantic search: `dims`, `embed`
+            (LangChain `Embeddings`, a sync or async function of a list of
+            texts, or a provider string), `fields` (paths to embed; default
+            `["$"]`, the whole value) and `distance_type` (`"cosine"`, the
+            default, `"inner_product"` or `"l2"`).  Without it `search`
+            ignores `query` and lists newest first.
+        ttl: LangGraph's `TTLConfig`: `default_ttl` (minutes an item lives
+            after its last write, or read with refresh) and `refresh_on_read`
+            (default True).  An expired item is never returned, even before
+            a sweep (`sweep_ttl` / `asweep_ttl`) deletes it.
+
+    Every operation of LangGraph's `BaseStore` works, async (`aget`, `aput`,
+    `asearch` with `filter` and `query`, `alist_namespaces`, `abatch`…) and
+    sync from any thread (on memorm's sync loop, as `MemormSaver`).  A batch
+    is checked whole before any statement (bad namespaces raise
+    `InvalidNamespace`, both memorm's `ValidationError` and LangGraph's
+    `InvalidNamespaceError`; other bad input `ValidationError`), embeds
+    outside any transaction, then runs its reads and then its writes in one
+    unit of work.  Filters take values and `$eq`, `$ne`, `$gt`, `$gte`,
+    `$lt`, `$lte` on top-level keys (`memorm.search.filters`).
+
+    Example:
+        ```python
+        store = MemormStore(db, agent=agent.id, ttl={"default_ttl": 60 * 24})
+        await store.aput(("users", "42"), "food", {"likes": "pizza"})
+        item = await store.aget(("users", "42"), "food")
+        ```
+    """
+
+    supports_ttl = True
+
+    def __init__(
+        self,
+        db: Database,
+        *,
+        agent: Agent | uuid.UUID | str,
+        index: IndexConfig | Mapping[str, Any] | None = None,
+        ttl: TTLConfig | Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(db, Database):
+            raise ValidationError(f"db: expected a memorm Database, got {type(db).__name__}")
+        self.db = db
+        self.agent_id = as_uuid(agent.id if isinstance(agent, Agent) else agent, "agent")
+        self._index = None if index is None else _Index(index)
+        self.index_config: dict[str, Any] | None = None if index is None else dict(index)
+        self.embeddings: Embeddings | None = None if self._index is None else self._index.embeddings
+        self.ttl_config = _ttl_config(ttl)
+
+    def __repr__(self) -> str:
+        return f"MemormStore(agent={self.agent_id})"
+
+    # -- the batch ------------------------------------------------------------------
+
+    async def abatch(self, ops: Iterable[Op]) -> list[Result]:
+        """Run `ops` (GetOp, PutOp, SearchOp, ListNamespacesOp); their results in order."""
+        return await self._batch(self.db, list(ops))
+
+    def batch(self, ops: Iterable[Op]) -> list[Result]:
+        """`abatch` for sync code, on memorm's sync loop (from any thread)."""
+        listed = list(ops)
+        return BRIDGE.run(self.db, lambda db: self._batch(db, listed))
+
+    async def asweep_ttl(self) -> int:
+        """Delete the agent's expired items (with their embeddings), in batches; how many."""
+        return await self._sweep(self.db)
+
+    def sweep_ttl(self) -> int:
+        """`asweep_ttl` for sync code."""
+        return BRIDGE.run(self.db, self._sweep)
+
+    async def _sweep(self, db: Database) -> int:
+        total = 0
+        while True:
+            async with db.unit_of_work() as uow:
+                done = await uow.graph_store.sweep(self.agent_id, now=utcnow(), batch=_SWEEP_BATCH)
+            total += done
+            if done < _SWEEP_BATCH:
+                return total
+
+    async def _batch(self, db: Database, ops: list[Op]) -> list[Result]:
+        checked = [self._check(op, index) for index, op in enumerate(ops)]
+        puts: dict[tuple[str, str], _Put] = {}  # the last write to each key wins
+        for op in checked:
+            if isinstance(op, _Put):
+                key = (op.item[0], op.item[1])
+                puts.pop(key, None)
+                puts[key] = op
+        vectors = await self._embed_puts(list(puts.values()))
+        queries = await self._embed_queries([op for op in checked if isinstance(op, SearchOp)])
+        now = utcnow()
+        results: list[Result] = [None] * len(ops)
+        refresh: list[StoredItem] = []
+        async with db.unit_of_work(read_only=not puts) as uow:
+            for position, op in enumerate(checked):
+                if not isinstance(op, _Put):
+                    results[position] = await self._read(uow, op, queries.get(id(op)), now, refresh)
+            if puts:
+                if refresh:
+                    await uow.graph_store.refresh(self.agent_id, refresh, now=now)
+                    refresh = []
+                await self._write(uow, list(puts.values()), vectors, now)
+        if refresh:
+            async with db.unit_of_work() as uow:
+                await uow.graph_store.refresh(self.agent_id, refresh, now=now)
+        return results
+
+    # -- checks (before any statement) -------------------------------------------------
+
+    def _check(self, op: object, position: int) -> GetOp | SearchOp | ListNamespacesOp | _Put:
+        where = f"ops[{position}]"
+        if isinstance(op, GetOp):
+            _labels(op.namespace, f"{where}.namespace")
+            _key(op.key)
+            if not isinstance(op.refresh_ttl, bool):
+                raise ValidationError(f"{where}.refresh_ttl: expected a bool")
+            return op
+        if isinstance(op, PutOp):
+            return self._check_put(op, where)
+        if isinstance(op, SearchOp):
+            _labels(op.namespace_prefix, f"{where}.namespace_prefix")
+            if op.filter is not None:
+                check_value_filter(op.filter, f"{where}.filter")
+            _count(op.limit, f"{where}.limit", minimum=0, maximum=MAX_PAGE)
+            _count(op.offset, f"{where}.offset", minimum=0, maximum=2**62)
+            if op.query is not None:
+                check_text(op.query, f"{where}.query")
+            if not isinstance(op.refresh_ttl, bool):
+                raise ValidationError(f"{where}.refresh_ttl: expected a bool")
+            return op
+        if isinstance(op, ListNamespacesOp):
+            for condition in op.match_conditions or ():
+                if not isinstance(condition, MatchCondition) or condition.match_type not in (
+                    "prefix",
+                    "suffix",
+                ):
+                    raise ValidationError(
+                        f"{where}.match_conditions: expected prefix or suffix MatchConditions"
+                    )
+                path = (condition.path,) if isinstance(condition.path, str) else condition.path
+                _labels(path, f"{where}.match_conditions")
+            if op.max_depth is not None:
+                _count(op.max_depth, f"{where}.max_depth", minimum=1, maximum=2**31)
+            _count(op.limit, f"{where}.limit", minimum=0, maximum=MAX_PAGE * 10)
+            _count(op.offset, f"{where}.offset", minimum=0, maximum=2**62)
+            return op
+        raise ValidationError(f"{where}: unknown operation {type(op).__name__}")
+
+    def _check_put(self, op: PutOp, where: str) -> _Put:
+        namespace = _labels(op.namespace, f"{where}.namespace")
+        if not namespace:
+            raise InvalidNamespace(f"{where}.namespace: a namespace has at least one label")
+        joined, key = ".".join(namespace), _key(op.key)
+        if op.value is None:
+            return _Put((joined, key), {})
+        value = check_json_object(
+            dict(op.value) if isinstance(op.value, Mapping) else op.value, f"{where}.value"
+        )
+        ttl = _minutes(op.ttl, f"{where}.ttl")
+        texts: dict[str, str] = {}
+        if self._index is not None and op.index is not False:
+            if op.index is None:
+                paths = self._index.fields
+            elif isinstance(op.index, list):
+                paths = [(path, _path(path, f"{where}.index")) for path in op.index]
+            else:
+                raise ValidationError(f"{where}.index: expected False, None or a list of field paths")
+            for path, tokens in paths:
+                found = get_text_at_path(value, tokens)
+                for number, text in enumerate(found):
+                    texts[f"{path}.{number}" if len(found) > 1 else path] = text
+        return _Put(NewItem(joined, key, value, ttl), texts)
+
+    # -- embeddings (outside any transaction) -----------------------------------------
+
+    async def _embed_puts(self, puts: list[_Put]) -> dict[tuple[str, str], dict[str, list[float]]]:
+        wanted = [(put, field, text) for put in puts for field, text in put.texts.items()]
+        if not wanted or self._index is None:
+            return {}
+        unique = list(dict.fromkeys(text for _, _, text in wanted))
+        found = await self._index.embeddings.aembed_documents(unique)
+        if not isinstance(found, Sequence) or len(found) != len(unique):
+            raise ValidationError(f"index.embed: expected {len(unique)} embeddings, got {len(found)}")
+        by_text = {
+            text: self._vector(vector, "index.embed") for text, vector in zip(unique, found, strict=True)
+        }
+        vectors: dict[tuple[str, str], dict[str, list[float]]] = {}
+        for put, field, text in wanted:
+            vectors.setdefault((put.item[0], put.item[1]), {})[field] = by_text[text]
+        return vectors
+
+    async def _embed_queries(self, searches: list[SearchOp]) -> dict[int, list[float]]:
+        found: dict[int, list[float]] = {}
+        if self._index is None:
+            return found
+        for op in searches:
+            if op.query:
+                found[id(op)] = self._vector(
+                    await self._index.embeddings.aembed_query(op.query), "index.embed"
+                )
+        return found
+
+    def _vector(self, vector: object, field: str) -> list[float]:
+        assert self._index is not None
+        checked = check_vector(vector, field)
+        if len(checked) != self._index.dims:
+            raise ValidationError(
+                f"{field}: an embedding of {len(checked)} dimensions; index.dims is {self._index.dims}"
+            )
+        return checked
+
+    # -- the work ---------------------------------------------------------------------
+
+    async def _read(
+        self,
+        uow: UnitOfWork,
+        op: GetOp | SearchOp | ListNamespacesOp,
+        query: list[float] | None,
+        now: datetime,
+        refresh: list[StoredItem],
+    ) -> Result:
+        store = uow.graph_store
+        if isinstance(op, GetOp):
+            found = await store.get(self.agent_id, [(".".join(op.namespace), op.key)], now=now)
+            stored = next(iter(found.values()), None)
+            if stored is None:
+                return None
+            # BaseStore.get resolved refresh_ttl from ttl.refresh_on_read, unless given.
+            if op.refresh_ttl and stored.ttl_minutes is not None:
+                refresh.append(stored)
+            return _as_item(stored)
+        if isinstance(op, SearchOp):
+            if op.limit == 0:
+                return []
+            hits = await store.search(
+                self.agent_id,
+                ".".join(op.namespace_prefix),
+                where=op.filter,
+                now=now,
+                limit=op.limit,
+                offset=op.offset,
+                query=query,
+                distance=self._index.distance if self._index is not None else "cosine",
+            )
+            if op.refresh_ttl:
+                refresh += [hit for hit in hits if hit.ttl_minutes is not None]
+            return [_as_search_item(hit) for hit in hits]
+        return await self._list(uow, op, now)
+
+    async def _list(self, uow: UnitOfWork, op: ListNamespacesOp, now: datetime) -> list[tuple[str, ...]]:
+        if op.limit == 0:
+            return []
+        conditions = list(op.match_conditions or ())
+        fixed: tuple[str, ...] = ()
+        for condition in conditions:
+            if condition.match_type == "prefix":
+                path = _path_of(condition)
+                fixed = path[: path.index("*")] if "*" in path else path
+                break
+        plain = op.max_depth is None and all(
+            c.match_type == "prefix" and "*" not in _path_of(c) and _path_of(c) == fixed for c in conditions
+        )
+        store = uow.graph_store
+        if plain:
+            found = await store.namespaces(
+                self.agent_id, ".".join(fixed), now=now, limit=op.limit, offset=op.offset
+            )
+            return [tuple(namespace.split(".")) for namespace in found]
+        # Filtered (wildcards, suffixes) or truncated (max_depth) in Python, a page of
+        # namespaces at a time, keeping only the first `limit + offset` in byte order.
+        want = op.limit + op.offset
+        kept: list[_Last] = []
+        held: set[str] = set()
+        after: str | None = None
+        while True:
+            page = await store.namespaces(
+                self.agent_id, ".".join(fixed), now=now, limit=_LIST_PAGE, after=after
+            )
+            for namespace in page:
+                labels = tuple(namespace.split("."))
+                if not all(_matches(condition, labels) for condition in conditions):
+                    continue
+                shown = ".".join(labels[: op.max_depth] if op.max_depth is not None else labels)
+                if shown in held:
+                    continue
+                if len(kept) < want:
+                    heapq.heappush(kept, _Last(shown))
+                    held.add(shown)
+                elif shown < kept[0].text:
+                    held.discard(heapq.heapreplace(kept, _Last(shown)).text)
+                    held.add(shown)
+            if len(page) < _LIST_PAGE:
+                break
+            after = page[-1]
+        ordered = sorted(entry.text for entry in kept)
+        return [tuple(text.split(".")) for text in ordered[op.offset : op.offset + op.limit]]
+
+    async def _write(
+        self,
+        uow: UnitOfWork,
+        puts: list[_Put],
+        vectors: dict[tuple[str, str], dict[str, list[float]]],
+        now: datetime,
+    ) -> None:
+        store = uow.graph_store
+        deleted = [(put.item[0], put.item[1]) for put in puts if not isinstance(put.item, NewItem)]
+        items = [
+            put.item._replace(vectors=vectors.get((put.item.namespace, put.item.key)))
+            for put in puts
+            if isinstance(put.item, NewItem)
+        ]
+        if deleted:
+            await store.delete(self.agent_id, deleted)
+        if items:
+            await store.put(self.agent_id, items, now=now)
+
+
+class _Last:
+    """A namespace's text, ordered backwards: the heap's top is the last one kept."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __lt__(self, other: _Last) -> bool:
+        return self.text > other.text
+
+
+def _path_of(condition: MatchCondition) -> tuple[str, ...]:
+    """A condition's labels (a lone string is one label)."""
+    return (condition.path,) if isinstance(condition.path, str) else tuple(condition.path)
+
+
+def _matches(condition: MatchCondition, labels: tuple[str, ...]) -> bool:
+    path = _path_of(condition)
+    if len(labels) < len(path):
+        return False
+    if condition.match_type == "suffix":
+        labels, path = labels[::-1], path[::-1]
+    return all(want == "*" or have == want for have, want in zip(labels, path, strict=False))
+
+
+def _as_item(stored: StoredItem) -> Item:
+    return Item(
+        value=stored.value,
+        key=stored.key,
+        namespace=tuple(stored.namespace.split(".")),
+        created_at=stored.created_at,
+        updated_at=stored.updated_at,
+    )
+
+
+def _as_search_item(stored: StoredItem) -> SearchItem:
+    return SearchItem(
+        namespace=tuple(stored.namespace.split(".")),
+        key=stored.key,
+        value=stored.value,
+        created_at=stored.created_at,
+        updated_at=stored.updated_at,
+        score=stored.score,
+    )

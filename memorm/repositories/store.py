@@ -1,0 +1,287 @@
+"""`uow.graph_store`: an agent's long-term store (LangGraph's `BaseStore`): items and their embeddings.
+
+Items are JSON objects under a namespace (LangGraph's labels joined by ".")
+and a key; an item may expire (`expires_at`), after which no read returns
+it, and a sweep deletes it.  Every call names the agent, so it stays on one
+shard of a distributed database.  Callers (`memorm.compat.langgraph`) pass
+values checked, and the time `now` that decides what has expired.
+"""
+
+from __future__ import annotations
+
+import builtins
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
+
+import sqlalchemy as sa
+from sqlalchemy.sql import ColumnElement
+
+from memorm.driver import insert_rows
+from memorm.models import STORE_ITEMS, STORE_VECTORS
+from memorm.repositories.base import Repository
+from memorm.search.filters import json_value_conditions
+from memorm.search.store_vectors import nearest_items, scored_count, unscored
+from memorm.validation import MAX_PAGE, as_uuid, check_int
+
+__all__ = ["NewItem", "StoreRepository", "StoredItem", "under"]
+
+_I, _V = STORE_ITEMS, STORE_VECTORS
+_ITEM_COLUMNS = (
+    "tenant",
+    "agent_id",
+    "namespace",
+    "key",
+    "value",
+    "created_at",
+    "updated_at",
+    "expires_at",
+    "ttl_minutes",
+)
+_VECTOR_COLUMNS = ("tenant", "agent_id", "namespace", "key", "field", "embedding")
+_READ = (_I.c.namespace, _I.c.key, _I.c.value, _I.c.created_at, _I.c.updated_at, _I.c.ttl_minutes)
+_KEYS_PER_STATEMENT = 500  # (namespace, key) pairs per IN list
+
+
+class StoredItem(NamedTuple):
+    """An item as read: its namespace (joined), key, value, times, TTL and search score."""
+
+    namespace: str
+    key: str
+    value: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+    ttl_minutes: float | None
+    score: float | None = None
+
+
+class NewItem(NamedTuple):
+    """An item to store; `vectors` maps field paths to embeddings (None: keep no embeddings)."""
+
+    namespace: str
+    key: str
+    value: dict[str, Any]
+    ttl_minutes: float | None
+    vectors: Mapping[str, list[float]] | None = None
+
+
+def under(column: Any, prefix: str) -> list[ColumnElement[bool]]:
+    """`column` is the namespace `prefix` or one below it ("" matches every namespace).
+
+    A range, not LIKE: namespaces compare byte by byte, and "/" follows ".",
+    so the namespaces below "a.b" are those from "a.b." up to "a.b/".
+    """
+    if not prefix:
+        return []
+    return [sa.or_(column == prefix, sa.and_(column >= prefix + ".", column < prefix + "/"))]
+
+
+def _item(row: Any, score: float | None = None) -> StoredItem:
+    namespace, key, value, created, updated, ttl = row[:6]
+    return StoredItem(namespace, key, value, created, updated, ttl, score)
+
+
+def _expiry(now: datetime, ttl_minutes: float | None) -> datetime | None:
+    return None if ttl_minutes is None else now + timedelta(minutes=ttl_minutes)
+
+
+class StoreRepository(Repository):
+    """An agent's long-term store: items under namespaces and keys, their embeddings, their expiry."""
+
+    def _agent(self, table: sa.Table, agent_id: uuid.UUID | str) -> list[ColumnElement[bool]]:
+        return [*self._own(table), table.c.agent_id == as_uuid(agent_id, "agent_id")]
+
+    def _live(self, agent_id: uuid.UUID | str, now: datetime) -> list[ColumnElement[bool]]:
+        """The agent's items that have not expired at `now`."""
+        return [*self._agent(_I, agent_id), sa.or_(_I.c.expires_at.is_(None), _I.c.expires_at > now)]
+
+    async def get(
+        self, agent_id: uuid.UUID | str, keys: Sequence[tuple[str, str]], *, now: datetime
+    ) -> dict[tuple[str, str], StoredItem]:
+        """The live items among `(namespace, key)`s, by their pair."""
+        found: dict[tuple[str, str], StoredItem] = {}
+        wanted = sorted(set(keys))
+        for start in range(0, len(wanted), _KEYS_PER_STATEMENT):
+            batch = wanted[start : start + _KEYS_PER_STATEMENT]
+            query = sa.select(*_READ).where(
+                *self._live(agent_id, now), sa.tuple_(_I.c.namespace, _I.c.key).in_(batch)
+            )
+            rows: builtins.list[Any] = [tuple(row) for row in await self._execute(query)]
+            for row in rows:
+                found[row[0], row[1]] = _item(row)
+        return found
+
+    async def put(self, agent_id: uuid.UUID | str, items: Sequence[NewItem], *, now: datetime) -> None:
+        """Store `items` (replacing those under their keys, whose `created_at` stays), with their vectors.
+
+        An item's old embeddings are dropped; its `vectors`, if any, stored.
+        """
+        if not items:
+            return
+        owner, agent = self._owner, as_uuid(agent_id, "agent_id")
+        await self._require_agent(agent)
+        pairs = [(item.namespace, item.key) for item in items]
+        created: dict[tuple[str, str], datetime] = {}
+        for start in range(0, len(pairs), _KEYS_PER_STATEMENT):
+            batch = sorted(set(pairs[start : start + _KEYS_PER_STATEMENT]))
+            query = sa.select(_I.c.namespace, _I.c.key, _I.c.created_at).where(
+                *self._agent(_I, agent), sa.tuple_(_I.c.namespace, _I.c.key).in_(batch)
+            )
+            known: builtins.list[Any] = [tuple(row) for row in await self._execute(query)]
+            for namespace, key, when in known:
+                created[namespace, key] = when
+        await self._delete_vectors(agent, pairs)
+        rows = [
+            (
+                owner,
+                agent,
+                item.namespace,
+                item.key,
+                item.value,
+                created.get((item.namespace, item.key), now),
+                now,
+                _expiry(now, item.ttl_minutes),
+                item.ttl_minutes,
+            )
+            for item in items
+        ]
+        await insert_rows(self.link, _I, _ITEM_COLUMNS, rows, on_conflict="update")
+        vectors = [
+            (owner, agent, item.namespace, item.key, field, vector)
+            for item in items
+            for field, vector in (item.vectors or {}).items()
+        ]
+        await insert_rows(self.link, _V, _VECTOR_COLUMNS, vectors, on_conflict="update")
+
+    async def _delete_vectors(self, agent: uuid.UUID, pairs: Sequence[tuple[str, str]]) -> None:
+        unique = sorted(set(pairs))
+        for start in range(0, len(unique), _KEYS_PER_STATEMENT):
+            batch = unique[start : start + _KEYS_PER_STATEMENT]
+            await self._rowcount(
+                sa.delete(_V).where(*self._agent(_V, agent), sa.tuple_(_V.c.namespace, _V.c.key).in_(batch))
+            )
+
+    async def delete(self, agent_id: uuid.UUID | str, keys: Sequence[tuple[str, str]]) -> int:
+        """Delete the items at `(namespace, key)`s, with their embeddings; how many there were."""
+        unique, deleted = sorted(set(keys)), 0
+        agent = as_uuid(agent_id, "agent_id")
+        await self._delete_vectors(agent, unique)  # the foreign key would too; this keeps SQLite's work small
+        for start in range(0, len(unique), _KEYS_PER_STATEMENT):
+            batch = unique[start : start + _KEYS_PER_STATEMENT]
+            deleted += await self._rowcount(
+                sa.delete(_I).where(*self._agent(_I, agent), sa.tuple_(_I.c.namespace, _I.c.key).in_(batch))
+            )
+        return deleted
+
+    async def refresh(self, agent_id: uuid.UUID | str, items: Sequence[StoredItem], *, now: datetime) -> None:
+        """Move the expiry of `items` (those with a TTL and not expired) to their TTL from `now`."""
+        by_ttl: dict[float, builtins.list[tuple[str, str]]] = {}
+        for item in items:
+            if item.ttl_minutes is not None:
+                by_ttl.setdefault(item.ttl_minutes, []).append((item.namespace, item.key))
+        for ttl, pairs in by_ttl.items():
+            unique = sorted(set(pairs))
+            for start in range(0, len(unique), _KEYS_PER_STATEMENT):
+                batch = unique[start : start + _KEYS_PER_STATEMENT]
+                await self._rowcount(
+                    sa.update(_I)
+                    .where(
+                        *self._live(agent_id, now),
+                        _I.c.ttl_minutes.is_not(None),
+                        sa.tuple_(_I.c.namespace, _I.c.key).in_(batch),
+                    )
+                    .values(expires_at=_expiry(now, ttl))
+                )
+
+    async def search(
+        self,
+        agent_id: uuid.UUID | str,
+        prefix: str,
+        *,
+        where: Mapping[str, Any] | None,
+        now: datetime,
+        limit: int,
+        offset: int,
+        query: builtins.list[float] | None = None,
+        distance: str = "cosine",
+    ) -> builtins.list[StoredItem]:
+        """The live items in namespace `prefix` (and below) whose values match `where`.
+
+        Without `query`, newest update first; with it (an embedding), by
+        their best field's score (`memorm.search.store_vectors`), then the
+        items without embeddings, unscored, newest first (as LangGraph's
+        in-memory store).
+        """
+        size = check_int(limit, "limit", minimum=1, maximum=MAX_PAGE)
+        skip = check_int(offset, "offset", minimum=0, maximum=2**62)
+        conditions = [*self._live(agent_id, now), *under(_I.c.namespace, prefix)]
+        if where:
+            conditions += json_value_conditions(self.link, _I.c.value, where, "filter")
+        if query is None:
+            statement = (
+                sa.select(*_READ)
+                .where(*conditions)
+                .order_by(_I.c.updated_at.desc(), _I.c.namespace, _I.c.key)
+                .limit(size)
+                .offset(skip)
+            )
+            return [_item(tuple(row)) for row in await self._execute(statement)]
+        hits = await nearest_items(self.link, conditions, query, distance=distance, limit=size, offset=skip)
+        found = await self.get(agent_id, [(namespace, key) for namespace, key, _ in hits], now=now)
+        scored = [
+            found[namespace, key]._replace(score=score)
+            for namespace, key, score in hits
+            if (namespace, key) in found
+        ]
+        if len(hits) == size:
+            return scored
+        # Past the scored items come those without embeddings (index=False), unscored, newest first.
+        before = skip + len(hits) if hits else await scored_count(self.link, conditions, len(query))
+        statement = (
+            sa.select(*_READ)
+            .where(*conditions, unscored(self.link, len(query)))
+            .order_by(_I.c.updated_at.desc(), _I.c.namespace, _I.c.key)
+            .limit(size - len(hits))
+            .offset(max(0, skip - before))
+        )
+        return scored + [_item(tuple(row)) for row in await self._execute(statement)]
+
+    async def namespaces(
+        self,
+        agent_id: uuid.UUID | str,
+        prefix: str,
+        *,
+        now: datetime,
+        limit: int,
+        offset: int = 0,
+        after: str | None = None,
+    ) -> builtins.list[str]:
+        """The distinct namespaces with live items, at or below `prefix`, in byte order.
+
+        A page: `offset` skips so many; `after` starts after that namespace.
+        """
+        size = check_int(limit, "limit", minimum=1, maximum=MAX_PAGE * 10)
+        conditions = [*self._live(agent_id, now), *under(_I.c.namespace, prefix)]
+        if after is not None:
+            conditions.append(_I.c.namespace > after)
+        statement = (
+            sa.select(_I.c.namespace)
+            .where(*conditions)
+            .group_by(_I.c.namespace)
+            .order_by(_I.c.namespace)
+            .limit(size)
+            .offset(check_int(offset, "offset", minimum=0, maximum=2**62))
+        )
+        return [row[0] for row in await self._execute(statement)]
+
+    async def sweep(self, agent_id: uuid.UUID | str, *, now: datetime, batch: int = MAX_PAGE) -> int:
+        """Delete up to `batch` of the agent's items expired at `now` (with their embeddings); how many."""
+        agent = as_uuid(agent_id, "agent_id")
+        expired = (
+            sa.select(_I.c.namespace, _I.c.key)
+            .where(*self._agent(_I, agent), _I.c.expires_at.is_not(None), _I.c.expires_at <= now)
+            .limit(batch)
+        )
+        pairs = [(row[0], row[1]) for row in (tuple(found) for found in await self._execute(expired))]
+        return await self.delete(agent, pairs) if pairs else 0

@@ -1,0 +1,155 @@
+# Adapted from langgraph-checkpoint-postgres 3.2.0 (source distribution), tests/test_store.py and
+# tests/test_async_store.py (their store construction); see README.md here.
+# Copyright (c) 2024 LangChain, Inc. SPDX-License-Identifier: MIT (LICENSE, whole, is beside this file).
+"""How the vendored cases build their stores and reach their rows, on memorm."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from datetime import timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from memorm import Database
+from memorm.compat._sync import BRIDGE
+from memorm.compat.langgraph import MemormStore
+from memorm.models import STORE_ITEMS
+from memorm.types import utcnow
+
+from .embed_test_utils import CharacterEmbeddings
+
+__all__ = [
+    "CURRENT",
+    "VECTOR_TYPES",
+    "AsyncSuiteStore",
+    "CharacterEmbeddings",
+    "SuiteStore",
+    "arun",
+    "avector_store_context",
+    "count_rows",
+    "expire_now",
+    "expires_at",
+    "memorm_store",
+    "run",
+    "updated_ago",
+    "vector_store_context",
+    "where",
+]
+
+VECTOR_TYPES = ["vector", "halfvec"]  # memorm keeps float32 vectors for both: the parameter is ignored
+
+
+class SuiteStore(MemormStore):
+    """A `MemormStore` with the TTL sweeper switches the suite calls.
+
+    memorm runs no background sweeper (an expired item is never returned,
+    swept or not; `sweep_ttl` deletes them): starting or stopping one has
+    nothing to do.
+    """
+
+    def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> None:
+        return None
+
+    def stop_ttl_sweeper(self, timeout: float | None = None) -> bool:
+        return True
+
+
+class AsyncSuiteStore(MemormStore):
+    """`SuiteStore` for the async suite, whose sweeper switches are coroutines."""
+
+    async def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> None:
+        return None
+
+    async def stop_ttl_sweeper(self, timeout: float | None = None) -> bool:
+        return True
+
+
+CURRENT: dict[str, Any] = {}  # the test's memorm database, agent and store class (conftest.py sets them)
+
+
+def memorm_store(**kwargs: Any) -> MemormStore:
+    """What the suite's `InMemoryStore(**kwargs)` makes: a MemormStore of a new agent, on the test's database.
+
+    Called from sync code or in the test's event loop (whose thread it blocks a moment, like the
+    store's own sync methods), as an `InMemoryStore` is made anywhere.
+    """
+
+    async def create(db: Database) -> Any:
+        async with db.unit_of_work() as uow:
+            return (await uow.agents.create(f"in-memory-{uuid.uuid4().hex[:8]}")).id
+
+    db = CURRENT["db"]
+    return MemormStore(db, agent=BRIDGE.run(db, create), **kwargs)
+
+
+def vector_store_on(
+    vector_type: str,
+    distance_type: str,
+    fake_embeddings: Any,
+    text_fields: list[str] | None = None,
+    enable_ttl: bool = True,
+) -> MemormStore:
+    """What LangGraph's `_create_vector_store` makes: a store with semantic search, on the test's database."""
+    index = {
+        "dims": fake_embeddings.dims,
+        "embed": fake_embeddings,
+        "ann_index_config": {"vector_type": vector_type},
+        "distance_type": distance_type,
+        "fields": text_fields,
+    }
+    ttl = {"default_ttl": 2, "refresh_on_read": True} if enable_ttl else None
+    kind = CURRENT["kind"]
+    return kind(CURRENT["db"], agent=CURRENT["agent"], index=index, ttl=ttl)  # type: ignore[no-any-return]
+
+
+@contextmanager
+def vector_store_context(*args: Any, **kwargs: Any) -> Iterator[MemormStore]:
+    """LangGraph's sync `_create_vector_store`."""
+    yield vector_store_on(*args, **kwargs)
+
+
+@asynccontextmanager
+async def avector_store_context(*args: Any, **kwargs: Any) -> AsyncIterator[MemormStore]:
+    """LangGraph's async `_create_vector_store`."""
+    yield vector_store_on(*args, **kwargs)
+
+
+def run(store: MemormStore, statement: Any) -> Any:
+    """Run a statement on the store's database from sync code; a query's rows."""
+    return BRIDGE.run(store.db, lambda db: arun(store, statement, db))
+
+
+async def arun(store: MemormStore, statement: Any, db: Database | None = None) -> Any:
+    """Run a statement on the store's database (in the store's tenant); a query's rows."""
+    async with (db or store.db).unit_of_work() as uow:
+        result = await uow.session.execute(statement)
+        return None if statement.is_dml else [tuple(row) for row in result]
+
+
+def where(ns: tuple[str, ...], key: str) -> list[Any]:
+    """The conditions naming an item's row (LangGraph's `prefix = %s AND key = %s`)."""
+    return [STORE_ITEMS.c.namespace == ".".join(ns), STORE_ITEMS.c.key == key]
+
+
+def expire_now(ns: tuple[str, ...], key: str) -> Any:
+    """LangGraph's `UPDATE store SET expires_at = NOW() - INTERVAL '1 minute' WHERE ...`."""
+    return sa.update(STORE_ITEMS).where(*where(ns, key)).values(expires_at=utcnow() - timedelta(minutes=1))
+
+
+def count_rows(ns: tuple[str, ...], key: str) -> Any:
+    """LangGraph's `SELECT COUNT(*) AS n FROM store WHERE ...`."""
+    return sa.select(sa.func.count()).select_from(STORE_ITEMS).where(*where(ns, key))
+
+
+def expires_at(ns: tuple[str, ...], key: str) -> Any:
+    """LangGraph's `SELECT expires_at FROM store WHERE ...`."""
+    return sa.select(STORE_ITEMS.c.expires_at).where(*where(ns, key))
+
+
+def updated_ago(ns: tuple[str, ...], key: str, seconds: float) -> Any:
+    """LangGraph's `UPDATE store SET updated_at = NOW() - (%s * INTERVAL '1 second') WHERE ...`."""
+    then = utcnow() - timedelta(seconds=seconds)
+    return sa.update(STORE_ITEMS).where(*where(ns, key)).values(updated_at=then)

@@ -1,0 +1,371 @@
+"""MemormStore: LangGraph's long-term store on memorm: tenants, agents, TTL, semantic search, graphs."""
+
+from __future__ import annotations
+
+import math
+import operator
+import uuid
+from datetime import timedelta
+from typing import Annotated, Any
+
+import anyio
+import pytest
+import sqlalchemy as sa
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import END, START, StateGraph
+from langgraph.store.base import BaseStore, GetOp, InvalidNamespaceError, PutOp, SearchOp
+from typing_extensions import TypedDict
+
+from memorm import Database, ValidationError
+from memorm.compat.langgraph import MemormSaver, MemormStore
+from memorm.models import STORE_ITEMS, STORE_VECTORS
+from memorm.testing import capture_statements
+from memorm.types import utcnow
+
+pytestmark = pytest.mark.anyio
+
+DIMS = 4
+# A tiny deterministic embedding: each word a unit axis, so scores are known exactly.
+_AXES = {"cat": 0, "dog": 1, "fish": 2, "bird": 3}
+
+
+def embed(texts: list[str]) -> list[list[float]]:
+    vectors = []
+    for text in texts:
+        vector = [0.0] * DIMS
+        for word in text.lower().replace('"', " ").replace("{", " ").replace("}", " ").split():
+            if word.strip(":,") in _AXES:
+                vector[_AXES[word.strip(":,")]] += 1.0
+        vectors.append(vector if any(vector) else [0.1] * DIMS)
+    return vectors
+
+
+async def _agent(db: Database, name: str = "memory") -> uuid.UUID:
+    async with db.unit_of_work() as uow:
+        return (await uow.agents.create(name)).id
+
+
+async def _rows(db: Database, table: sa.Table) -> int:
+    async with db.unit_of_work(read_only=True) as uow:
+        return int(await uow.session.scalar(sa.select(sa.func.count()).select_from(table)) or 0)
+
+
+async def test_put_get_search_delete_round_trip(db: Database) -> None:
+    store = MemormStore(db, agent=await _agent(db))
+    await store.aput(("users", "42"), "food", {"likes": "pizza", "n": 3})
+    item = await store.aget(("users", "42"), "food")
+    assert item is not None
+    assert item.value == {"likes": "pizza", "n": 3}
+    assert item.namespace == ("users", "42")
+    assert item.key == "food"
+    await store.aput(("users", "42"), "food", {"likes": "sushi", "n": 5})
+    again = await store.aget(("users", "42"), "food")
+    assert again is not None
+    assert again.value["likes"] == "sushi"
+    assert again.created_at == item.created_at
+    assert again.updated_at > item.updated_at
+    await store.aput(("users", "420"), "food", {"likes": "tea", "n": 1})
+    await store.aput(("users", "4"), "food", {"likes": "soup", "n": 9})
+    # ("users", "42") does not contain ("users", "420") nor ("users", "4").
+    assert [i.value["likes"] for i in await store.asearch(("users", "42"))] == ["sushi"]
+    assert len(await store.asearch(("users",))) == 3
+    found = await store.asearch(("users",), filter={"n": {"$gte": 3, "$lt": 9}})
+    assert [i.value["likes"] for i in found] == ["sushi"]
+    assert {i.value["likes"] for i in await store.asearch(("users",), filter={"n": {"$ne": 5}})} == {
+        "tea",
+        "soup",
+    }
+    assert await store.alist_namespaces(prefix=("users",)) == [
+        ("users", "4"),
+        ("users", "42"),
+        ("users", "420"),
+    ]
+    assert await store.alist_namespaces(max_depth=1) == [("users",)]
+    await store.adelete(("users", "42"), "food")
+    assert await store.aget(("users", "42"), "food") is None
+
+
+async def test_filters_compare_values_of_the_same_json_type(db: Database) -> None:
+    store = MemormStore(db, agent=await _agent(db))
+    values = {
+        "one": {"n": 1, "s": "apple"},
+        "half": {"n": 2.5, "s": "banana"},
+        "text": {"n": "3", "s": "cherry"},
+        "bool": {"n": True},
+        "none": {"n": None},
+        "list": {"n": [1], "tags": ["a", "b"]},
+        "missing": {"other": 1},
+    }
+    for key, value in values.items():
+        await store.aput(("f",), key, value)
+
+    async def keys(where: dict[str, Any]) -> set[str]:
+        return {item.key for item in await store.asearch(("f",), filter=where, limit=100)}
+
+    assert await keys({"n": {"$gt": 0}}) == {"one", "half"}  # not "3", not True
+    assert await keys({"n": {"$gte": 1, "$lt": 2.5}}) == {"one"}
+    assert await keys({"n": {"$lte": "3"}}) == {"text"}
+    assert await keys({"s": {"$gt": "apple"}}) == {"half", "text"}
+    assert await keys({"n": 1}) == {"one"}  # True is not 1
+    assert await keys({"n": {"$eq": True}}) == {"bool"}
+    assert await keys({"n": None}) == {"none"}
+    assert await keys({"n": {"$ne": 1}}) == set(values) - {"one"}  # a missing key is "not 1"
+    assert await keys({"tags": ["a", "b"]}) == {"list"}
+    assert await keys({"n": [1]}) == {"list"}
+    with pytest.raises(ValidationError):  # checked before the batch runs: its put never happens
+        await store.abatch([PutOp(("f",), "new", {"n": 9}), SearchOp(("f",), filter={"n": {"$in": [1]}})])
+    assert await store.aget(("f",), "new") is None
+
+
+async def test_two_tenants_stores_never_see_each_other(db: Database) -> None:
+    acme, globex = db.for_tenant("acme"), db.for_tenant("globex")
+    acme_store = MemormStore(acme, agent=await _agent(acme))
+    globex_agent = await _agent(globex)
+    globex_store = MemormStore(globex, agent=globex_agent)
+    await acme_store.aput(("shared",), "k", {"owner": "acme"})
+    await globex_store.aput(("shared",), "k", {"owner": "globex"})
+    acme_item = await acme_store.aget(("shared",), "k")
+    assert acme_item is not None
+    assert acme_item.value == {"owner": "acme"}
+    assert [i.value["owner"] for i in await globex_store.asearch(())] == ["globex"]
+    assert await globex_store.alist_namespaces() == [("shared",)]
+    # Another tenant's agent id is an unknown agent: nothing to read, and nothing to write.
+    intruder = MemormStore(acme, agent=globex_agent)
+    assert await intruder.aget(("shared",), "k") is None
+    assert await intruder.asearch(()) == []
+    with pytest.raises(Exception, match="no agent"):
+        await intruder.aput(("shared",), "x", {"v": 1})
+    await db.delete_tenant("acme")
+    assert await acme_store.asearch(()) == []
+    globex_item = await globex_store.aget(("shared",), "k")
+    assert globex_item is not None
+    assert globex_item.value == {"owner": "globex"}
+
+
+async def test_deleting_the_agent_deletes_its_items_and_vectors(db: Database) -> None:
+    index = {"dims": DIMS, "embed": embed, "fields": ["text"]}
+    gone, kept = await _agent(db, "gone"), await _agent(db, "kept")
+    for agent in (gone, kept):
+        await MemormStore(db, agent=agent, index=index).aput(("notes",), "k", {"text": "cat"})
+    assert await _rows(db, STORE_VECTORS) == 2
+    async with db.unit_of_work() as uow:
+        await uow.agents.delete(gone)
+    assert await _rows(db, STORE_ITEMS) == 1
+    assert await _rows(db, STORE_VECTORS) == 1
+    assert await MemormStore(db, agent=kept).aget(("notes",), "k") is not None
+
+
+async def _backdate(db: Database, key: str, minutes: float) -> None:
+    """Move an item's expiry `minutes` into the past (as if that much time went by)."""
+    async with db.unit_of_work() as uow:
+        await uow.session.execute(
+            sa.update(STORE_ITEMS)
+            .where(STORE_ITEMS.c.key == key)
+            .values(expires_at=utcnow() - timedelta(minutes=minutes))
+        )
+
+
+async def test_expired_items_are_never_returned_and_a_sweep_deletes_them(db: Database) -> None:
+    store = MemormStore(db, agent=await _agent(db), ttl={"default_ttl": 10, "refresh_on_read": True})
+    await store.aput(("ttl",), "old", {"v": 1})
+    await store.aput(("ttl",), "forever", {"v": 2}, ttl=None)
+    await store.aput(("other",), "old2", {"v": 3})
+    await _backdate(db, "old", 1)
+    await _backdate(db, "old2", 1)
+    assert await store.aget(("ttl",), "old") is None  # expired, not yet swept
+    assert [i.key for i in await store.asearch(("ttl",))] == ["forever"]
+    assert await store.alist_namespaces() == [("ttl",)]
+    assert await _rows(db, STORE_ITEMS) == 3
+    assert await store.asweep_ttl() == 2
+    assert await _rows(db, STORE_ITEMS) == 1
+    assert await anyio.to_thread.run_sync(store.sweep_ttl) == 0
+
+
+async def _expires(db: Database, key: str) -> Any:
+    async with db.unit_of_work(read_only=True) as uow:
+        return await uow.session.scalar(sa.select(STORE_ITEMS.c.expires_at).where(STORE_ITEMS.c.key == key))
+
+
+async def test_reads_refresh_the_ttl_unless_told_not_to(db: Database) -> None:
+    store = MemormStore(db, agent=await _agent(db), ttl={"default_ttl": 10})
+    await store.aput(("ttl",), "k", {"v": 1})
+    await _backdate(db, "k", -1)  # expires in a minute
+    soon = await _expires(db, "k")
+    assert await store.aget(("ttl",), "k", refresh_ttl=False) is not None
+    assert await _expires(db, "k") == soon
+    assert await store.aget(("ttl",), "k") is not None  # refresh_on_read defaults to True
+    refreshed = await _expires(db, "k")
+    assert refreshed - soon > timedelta(minutes=8)
+    await _backdate(db, "k", -1)
+    assert len(await store.asearch(("ttl",))) == 1
+    assert await _expires(db, "k") - utcnow() > timedelta(minutes=9)
+    # A store that does not refresh on read leaves it.
+    still = MemormStore(db, agent=store.agent_id, ttl={"default_ttl": 10, "refresh_on_read": False})
+    await _backdate(db, "k", -1)
+    soon = await _expires(db, "k")
+    assert await still.aget(("ttl",), "k") is not None
+    assert await _expires(db, "k") == soon
+    assert await still.aget(("ttl",), "k", refresh_ttl=True) is not None  # unless asked to
+    assert await _expires(db, "k") > soon
+
+
+async def test_reads_of_items_without_a_ttl_write_nothing(db: Database) -> None:
+    store = MemormStore(db, agent=await _agent(db))  # no ttl config: items never expire
+    await store.aput(("plain",), "k", {"v": 1})
+    with capture_statements(db) as sent:
+        assert await store.aget(("plain",), "k") is not None
+        assert len(await store.asearch(("plain",))) == 1
+    assert [sql for sql, _ in sent if sql.lstrip().upper().startswith(("UPDATE", "INSERT", "DELETE"))] == []
+    await store.aput(("plain",), "t", {"v": 2}, ttl=5)
+    with capture_statements(db) as sent:  # with a TTL, a read moves it: one UPDATE
+        assert await store.aget(("plain",), "t") is not None
+    assert len([sql for sql, _ in sent if sql.lstrip().upper().startswith("UPDATE")]) == 1
+
+
+async def test_vector_search_ranks_by_the_best_field(db: Database) -> None:
+    store = MemormStore(
+        db, agent=await _agent(db), index={"dims": DIMS, "embed": embed, "fields": ["a", "b"]}
+    )
+    await store.aput(("zoo",), "cat-dog", {"a": "cat", "b": "dog"})
+    await store.aput(("zoo",), "fish", {"a": "fish", "b": "fish"})
+    await store.aput(("zoo",), "bird-cat", {"a": "bird bird", "b": "cat cat cat", "kind": "x"})
+    await store.aput(("zoo",), "plain", {"a": "cat"}, index=False)
+    await store.aput(("elsewhere",), "cat", {"a": "cat"})
+    found = await store.asearch(("zoo",), query="cat")
+    # Each item scores its best field; equal scores in (namespace, key) order; unindexed items follow.
+    assert [i.key for i in found] == ["bird-cat", "cat-dog", "fish", "plain"]
+    assert [i.score for i in found] == [pytest.approx(1.0), pytest.approx(1.0), pytest.approx(0.0), None]
+
+    async def page(limit: int, offset: int) -> list[str]:
+        return [i.key for i in await store.asearch(("zoo",), query="cat", limit=limit, offset=offset)]
+
+    assert await page(3, 0) == ["bird-cat", "cat-dog", "fish"]
+    assert await page(2, 2) == ["fish", "plain"]
+    assert await page(10, 3) == ["plain"]
+    assert await page(10, 4) == []
+    birds = await store.asearch(("zoo",), query="bird")
+    assert birds[0].key == "bird-cat"
+    assert birds[0].score == pytest.approx(1.0)
+    assert [i.key for i in await store.asearch(("zoo",), query="cat", filter={"kind": "x"})] == ["bird-cat"]
+    page = await store.asearch(("zoo",), query="fish", limit=1, offset=0)
+    assert [i.key for i in page] == ["fish"]
+    assert page[0].score == pytest.approx(1.0)
+    assert [i.key for i in await store.asearch(("zoo",), query="cat", limit=2, offset=1)] == [
+        "cat-dog",
+        "fish",
+    ]
+    # Updating an item replaces its vectors.
+    await store.aput(("zoo",), "fish", {"a": "dog"})
+    assert [i.key for i in await store.asearch(("zoo",), query="dog", limit=2)] == ["cat-dog", "fish"]
+    fish = await store.asearch(("zoo",), query="fish")
+    assert [i.score for i in fish] == [pytest.approx(0.0)] * 3 + [None]  # "plain" has no embedding
+
+
+async def test_store_vectors_are_not_archival_passages(db: Database) -> None:
+    agent = await _agent(db)
+    store = MemormStore(db, agent=agent, index={"dims": DIMS, "embed": embed})
+    await store.aput(("notes",), "a", {"text": "cat"})
+    await store.aput(("notes",), "b", {"text": "dog"})
+    assert await _rows(db, STORE_VECTORS) == 2
+    async with db.unit_of_work(read_only=True) as uow:
+        assert await uow.passages.count(agent) == 0
+        assert (await uow.passages.list(agent)).items == []
+
+
+async def test_bad_input_is_refused_before_any_statement(db: Database) -> None:
+    agent = await _agent(db)
+    store = MemormStore(db, agent=agent, index={"dims": DIMS, "embed": embed, "fields": ["text"]})
+    for namespace in [("a.b",), ("a", ""), ("a", 1), ("nul\x00",)]:
+        with pytest.raises(InvalidNamespaceError):
+            await store.abatch([PutOp(("ok",), "k", {"v": 1}), PutOp(namespace, "k", {"v": 2})])  # type: ignore[arg-type]
+        with pytest.raises(ValidationError):
+            await store.abatch([GetOp(namespace, "k")])  # type: ignore[arg-type]
+    with pytest.raises(InvalidNamespaceError):
+        await store.abatch([PutOp((), "k", {"v": 1})])
+    assert await store.aget(("ok",), "k") is None  # the batch was refused whole
+    with pytest.raises(ValidationError, match="NUL"):
+        await store.aput(("ok",), "k", {"text": "a\x00b"})
+    with pytest.raises(ValidationError):
+        await store.aput(("ok",), "k", {"v": math.nan})
+    with pytest.raises(ValidationError):
+        await store.aput(("ok",), "k", {"v": object()})
+    with pytest.raises(ValidationError):
+        await store.aput(("ok",), "k\x00", {"v": 1})
+    with pytest.raises(ValidationError):
+        await store.aput(("ok",), "k", {"v": 1}, ttl=-1)
+    with pytest.raises(ValidationError):
+        await store.asearch(("ok",), filter={"v": {"$regex": "x"}})
+    with pytest.raises(ValidationError):
+        await store.asearch(("ok",), filter={"v": {"$gt": [1]}})
+    wrong = MemormStore(db, agent=agent, index={"dims": 3, "embed": embed, "fields": ["text"]})
+    with pytest.raises(ValidationError, match="dimensions"):
+        await wrong.aput(("ok",), "k", {"text": "cat"})
+    nan = MemormStore(
+        db, agent=agent, index={"dims": DIMS, "embed": lambda texts: [[math.nan] * DIMS for _ in texts]}
+    )
+    with pytest.raises(ValidationError):
+        await nan.aput(("ok",), "k", {"text": "cat"})
+    for bad_index in [
+        {"embed": embed},
+        {"dims": DIMS},
+        {"dims": DIMS, "embed": embed, "distance_type": "hamming"},
+    ]:
+        with pytest.raises(ValidationError):
+            MemormStore(db, agent=agent, index=bad_index)
+    with pytest.raises(ValidationError):
+        MemormStore(db, agent=agent, ttl={"default_ttl": "soon"})
+    with pytest.raises(ValidationError):
+        MemormStore(db, agent="not an id")
+    assert await _rows(db, STORE_ITEMS) == 0
+
+
+async def test_sync_calls_work_from_a_worker_thread(db: Database) -> None:
+    store = MemormStore(db, agent=await _agent(db), index={"dims": DIMS, "embed": embed, "fields": ["text"]})
+
+    def work() -> list[Any]:
+        store.put(("sync",), "a", {"text": "dog"})
+        store.put(("sync",), "b", {"text": "cat"})
+        results = store.batch([GetOp(("sync",), "a"), SearchOp(("sync",), query="cat", limit=1)])
+        store.delete(("sync",), "a")
+        return [results, store.get(("sync",), "a"), store.list_namespaces()]
+
+    (got, found), deleted, listed = await anyio.to_thread.run_sync(work)
+    assert got.value == {"text": "dog"}
+    assert [i.key for i in found] == ["b"]
+    assert deleted is None
+    assert listed == [("sync",)]
+
+
+class _Memory(TypedDict):
+    said: Annotated[list[str], operator.add]
+
+
+def _remember(state: _Memory, config: RunnableConfig, *, store: BaseStore) -> dict[str, Any]:
+    user = config["configurable"]["user"]
+    known = store.search(("users", user), query="what do I like", limit=5)
+    store.put(("users", user), f"fact-{len(known)}", {"text": state["said"][-1]})
+    return {"said": [f"knew {len(known)}"]}
+
+
+async def test_a_graph_reads_and_writes_memories_in_a_node(db: Database) -> None:
+    agent = await _agent(db)
+    store = MemormStore(db, agent=agent, index={"dims": DIMS, "embed": embed, "fields": ["text"]})
+    builder = StateGraph(_Memory)
+    builder.add_node("remember", _remember)
+    builder.add_edge(START, "remember")
+    builder.add_edge("remember", END)
+    graph = builder.compile(checkpointer=MemormSaver(db, agent=agent), store=store)
+
+    def run(thread: str, said: str) -> dict[str, Any]:
+        config: RunnableConfig = {"configurable": {"thread_id": thread, "user": "ann"}}
+        return graph.invoke({"said": [said]}, config)
+
+    first = await anyio.to_thread.run_sync(run, "t-1", "I like cat")
+    assert first["said"] == ["I like cat", "knew 0"]
+    second = await anyio.to_thread.run_sync(run, "t-2", "I like dog")  # another thread, same memories
+    assert second["said"] == ["I like dog", "knew 1"]
+    facts = await store.asearch(("users", "ann"), query="dog")
+    assert facts[0].value == {"text": "I like dog"}
+    assert len(facts) == 2
+    state = await graph.aget_state({"configurable": {"thread_id": "t-2"}})
+    assert state.values["said"][-1] == "knew 1"
