@@ -76,12 +76,16 @@ _UNSET = object()
 
 
 class Insert(NamedTuple):
-    """Rows for one table: tuples of values in `columns` order, and what a taken key does (`OnConflict`)."""
+    """Rows for one table: tuples of values in `columns` order, and what a taken key does (`OnConflict`).
+
+    `keep`: columns a row replacing a stored one (`"update"`) leaves as stored (`created_at`, say).
+    """
 
     table: sa.Table
     columns: Sequence[str]
     rows: Sequence[Sequence[Any]]
     on_conflict: OnConflict = "error"
+    keep: tuple[str, ...] = ()
 
 
 async def insert_rows(
@@ -111,12 +115,11 @@ async def insert_many(link: Link, inserts: Sequence[Insert]) -> None:
     dialect = link.dialect
     async with guarded(link):
         prepared = []
-        for table, columns, rows, on_conflict in inserts:
+        for table, columns, rows, on_conflict, keep in inserts:
             names, sources = _with_derived(table, tuple(columns))
             records = _convert(_processors(dialect, table, names), rows, sources)
-            prepared.append(
-                (table, names, records, _insert_sql(dialect, table, names, on_conflict), on_conflict)
-            )
+            sql = _insert_sql(dialect, table, names, on_conflict, keep)
+            prepared.append((table, names, records, sql, on_conflict))
         if link.sqlite:  # the BEGIN, if one is due, goes along (see _sqlite_run)
             if WATCHERS:
                 if link.needs_begin:
@@ -210,7 +213,13 @@ def _processors(dialect: Dialect, table: sa.Table, names: tuple[str, ...]) -> tu
 
 
 @lru_cache(maxsize=256)
-def _insert_sql(dialect: Dialect, table: sa.Table, names: tuple[str, ...], on_conflict: OnConflict) -> str:
+def _insert_sql(
+    dialect: Dialect,
+    table: sa.Table,
+    names: tuple[str, ...],
+    on_conflict: OnConflict,
+    keep: tuple[str, ...] = (),
+) -> str:
     statement = sa.insert(table).values({name: sa.bindparam(name) for name in names})
     compiled = statement.compile(dialect=dialect)
     if compiled.positiontup is None or list(compiled.positiontup) != list(names):
@@ -221,7 +230,8 @@ def _insert_sql(dialect: Dialect, table: sa.Table, names: tuple[str, ...], on_co
     if on_conflict == "ignore":
         action = "NOTHING"
     else:
-        action = "UPDATE SET " + ", ".join(f"{name} = excluded.{name}" for name in names if name not in key)
+        updated = [name for name in names if name not in key and name not in keep]
+        action = "UPDATE SET " + ", ".join(f"{name} = excluded.{name}" for name in updated)
     return f"{compiled} ON CONFLICT ({', '.join(key)}) DO {action}"
 
 

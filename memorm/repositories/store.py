@@ -18,11 +18,13 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.sql import ColumnElement
 
-from memorm.driver import insert_rows
+from memorm.driver import Insert, fetch, insert_many
+from memorm.errors import NotFoundError
 from memorm.models import STORE_ITEMS, STORE_VECTORS
 from memorm.repositories.base import Repository
 from memorm.search.filters import json_value_conditions
 from memorm.search.store_vectors import nearest_items, scored_count, unscored
+from memorm.translate import check_writable, guarded
 from memorm.validation import MAX_PAGE, as_uuid, check_int
 
 __all__ = ["NewItem", "StoreRepository", "StoredItem", "under"]
@@ -42,6 +44,19 @@ _ITEM_COLUMNS = (
 _VECTOR_COLUMNS = ("tenant", "agent_id", "namespace", "key", "field", "embedding")
 _READ = (_I.c.namespace, _I.c.key, _I.c.value, _I.c.created_at, _I.c.updated_at, _I.c.ttl_minutes)
 _KEYS_PER_STATEMENT = 500  # (namespace, key) pairs per IN list
+
+
+def _one(table: sa.Table) -> list[ColumnElement[bool]]:
+    """One item's rows of `table`: its tenant, agent, namespace and key, as parameters."""
+    names = {"tenant": "tenant", "agent_id": "agent", "namespace": "namespace", "key": "key"}
+    return [table.c[column] == sa.bindparam(name) for column, name in names.items()]
+
+
+_DELETE_VECTORS_OF = sa.delete(_V).where(*_one(_V))  # one item's embeddings
+_GET_ONE = sa.select(*_READ).where(  # one item, if live at :now
+    *_one(_I),
+    sa.or_(_I.c.expires_at.is_(None), _I.c.expires_at > sa.bindparam("now", type_=_I.c.expires_at.type)),
+)
 
 
 class StoredItem(NamedTuple):
@@ -70,11 +85,18 @@ def under(column: Any, prefix: str) -> list[ColumnElement[bool]]:
     """`column` is the namespace `prefix` or one below it ("" matches every namespace).
 
     A range, not LIKE: namespaces compare byte by byte, and "/" follows ".",
-    so the namespaces below "a.b" are those from "a.b." up to "a.b/".
+    so the namespaces below "a.b" are those from "a.b." up to "a.b/".  The
+    range from "a.b" itself to "a.b/" comes first, as a condition of its
+    own, so the primary key's index seeks it (within it, "a.b-c" is not below
+    "a.b": the second condition leaves it out).
     """
     if not prefix:
         return []
-    return [sa.or_(column == prefix, sa.and_(column >= prefix + ".", column < prefix + "/"))]
+    return [
+        column >= prefix,
+        column < prefix + "/",
+        sa.or_(column == prefix, column >= prefix + "."),
+    ]
 
 
 def _item(row: Any, score: float | None = None) -> StoredItem:
@@ -102,6 +124,13 @@ class StoreRepository(Repository):
         """The live items among `(namespace, key)`s, by their pair."""
         found: dict[tuple[str, str], StoredItem] = {}
         wanted = sorted(set(keys))
+        if len(wanted) == 1:  # one get: the statement built once
+            (namespace, key), agent = wanted[0], as_uuid(agent_id, "agent_id")
+            params = {"tenant": self._owner, "agent": agent, "namespace": namespace, "key": key, "now": now}
+            async with guarded(self.link):
+                for row in await fetch(self.link, _GET_ONE, params):
+                    found[row[0], row[1]] = _item(row)
+            return found
         for start in range(0, len(wanted), _KEYS_PER_STATEMENT):
             batch = wanted[start : start + _KEYS_PER_STATEMENT]
             query = sa.select(*_READ).where(
@@ -120,18 +149,7 @@ class StoreRepository(Repository):
         if not items:
             return
         owner, agent = self._owner, as_uuid(agent_id, "agent_id")
-        await self._require_agent(agent)
-        pairs = [(item.namespace, item.key) for item in items]
-        created: dict[tuple[str, str], datetime] = {}
-        for start in range(0, len(pairs), _KEYS_PER_STATEMENT):
-            batch = sorted(set(pairs[start : start + _KEYS_PER_STATEMENT]))
-            query = sa.select(_I.c.namespace, _I.c.key, _I.c.created_at).where(
-                *self._agent(_I, agent), sa.tuple_(_I.c.namespace, _I.c.key).in_(batch)
-            )
-            known: builtins.list[Any] = [tuple(row) for row in await self._execute(query)]
-            for namespace, key, when in known:
-                created[namespace, key] = when
-        await self._delete_vectors(agent, pairs)
+        await self._delete_vectors(agent, [(item.namespace, item.key) for item in items])
         rows = [
             (
                 owner,
@@ -139,23 +157,38 @@ class StoreRepository(Repository):
                 item.namespace,
                 item.key,
                 item.value,
-                created.get((item.namespace, item.key), now),
+                now,  # a replaced item keeps its own (`keep`)
                 now,
                 _expiry(now, item.ttl_minutes),
                 item.ttl_minutes,
             )
             for item in items
         ]
-        await insert_rows(self.link, _I, _ITEM_COLUMNS, rows, on_conflict="update")
         vectors = [
             (owner, agent, item.namespace, item.key, field, vector)
             for item in items
             for field, vector in (item.vectors or {}).items()
         ]
-        await insert_rows(self.link, _V, _VECTOR_COLUMNS, vectors, on_conflict="update")
+        try:
+            await insert_many(
+                self.link,
+                [
+                    Insert(_I, _ITEM_COLUMNS, rows, "update", keep=("created_at",)),
+                    Insert(_V, _VECTOR_COLUMNS, vectors, "update"),
+                ],
+            )
+        except NotFoundError as error:  # the items' one foreign key: their agent
+            raise NotFoundError(f"no agent {agent}") from error
 
     async def _delete_vectors(self, agent: uuid.UUID, pairs: Sequence[tuple[str, str]]) -> None:
         unique = sorted(set(pairs))
+        if len(unique) == 1:  # one put: the statement built once
+            check_writable(self.link)
+            namespace, key = unique[0]
+            params = {"tenant": self._owner, "agent": agent, "namespace": namespace, "key": key}
+            async with guarded(self.link):
+                await fetch(self.link, _DELETE_VECTORS_OF, params)
+            return
         for start in range(0, len(unique), _KEYS_PER_STATEMENT):
             batch = unique[start : start + _KEYS_PER_STATEMENT]
             await self._rowcount(

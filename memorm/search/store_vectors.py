@@ -12,9 +12,10 @@ LangGraph's:
 | `inner_product` | the inner product              |
 | `l2`            | minus the Euclidean distance   |
 
-* Postgres: one statement, `embedding::vector(dims) <op> :query` over the
-  vectors of the items kept, grouped by item (its best field), ordered,
-  limited and offset in SQL.  Exact: the store's vectors have no ANN index.
+* Postgres: one statement: for each item kept, the best of
+  `embedding::vector(dims) <op> :query` over its vectors (found by the
+  item's key), ordered, limited and offset in SQL.  Exact: the store's
+  vectors have no ANN index.
 * SQLite: the candidate vectors are read `BATCH` rows at a time in key
   order and scored with numpy (in a worker thread when the matrix is
   large); only the best `limit + offset` items are kept between batches.
@@ -104,13 +105,17 @@ async def nearest_items(
     column = sa.cast(_V.c.embedding, VECTOR(dims))
     target = sa.cast(sa.bindparam("query", query, type_=VectorType()), VECTOR(dims))
     measured = column.op(_OPERATORS[distance], return_type=sa.Float)(target)
-    best = sa.func.min(measured).label("distance")
+    # Per item kept, its best field: a lateral subquery on the item's own key, so each
+    # item's vectors are found by the primary key whatever the planner thinks of the
+    # tables' sizes (a join planned on a fresh table's statistics compared every pair).
+    best = (
+        sa.select(sa.func.min(measured).label("distance")).where(_OF_ITEM, _sized(link, dims)).lateral("best")
+    )
     ranked = (
-        sa.select(_V.c.namespace, _V.c.key, best)
-        .join(_I, _OF_ITEM)
-        .where(*where, _sized(link, dims))
-        .group_by(_V.c.namespace, _V.c.key)
-        .order_by(best, _V.c.namespace, _V.c.key)
+        sa.select(_I.c.namespace, _I.c.key, best.c.distance)
+        .select_from(_I.join(best, sa.true()))
+        .where(*where, best.c.distance.is_not(None))
+        .order_by(best.c.distance, _I.c.namespace, _I.c.key)
         .limit(limit)
         .offset(offset)
     )
