@@ -26,7 +26,7 @@ import anyio
 import asyncpg
 import pytest
 from cli_run import memorm, run
-from tenant_data import FILLED, NO_GRAPH, NO_LANGGRAPH, WORDS, fill, rows_of
+from tenant_data import FILLED, NO_LANGGRAPH, WORDS, fill, rows_of
 
 from memorm import Database, DatabaseError, MemormError
 from memorm.distribute import is_distributed
@@ -50,6 +50,9 @@ from tests.test_cli_transfer import _check_populated, _populate, dump
 from tests.test_transfer_graph import DONE, RESUMED
 from tests.test_transfer_graph import _resume as graph_resume
 from tests.test_transfer_graph import fill as graph_fill
+from tests.test_transfer_store import _same as same_store
+from tests.test_transfer_store import fill as store_fill
+from tests.test_transfer_store import seen as store_seen
 from tests.test_transfer_tenants import _check_two_tenants, rows, two_tenants
 
 # Whole-database operations and a rebalance under load: with the long runs (-m long).
@@ -96,7 +99,7 @@ def test_copy_moves_two_tenants_from_postgres_onto_the_cluster_and_back_to_postg
     code, out, err = memorm(capsys, "copy", source, cluster_url)
     assert (code, err) == (0, "")
     assert "copied 16 messages" in out
-    assert "verified: 44 rows in 8 tables match" in out
+    assert "verified: 44 rows in 10 tables match" in out
     assert rows(cluster_url) == expected
     assert _distributed(cluster_url)  # the rows went into the distributed tables
     # The shards computed the search words, and each agent's search runs on its shard.
@@ -108,12 +111,12 @@ def test_copy_moves_two_tenants_from_postgres_onto_the_cluster_and_back_to_postg
     for destination in (postgres_urls.new(), f"sqlite:///{tmp_path / 'from-citus.db'}"):
         code, out, err = memorm(capsys, "copy", cluster_url, destination)
         assert (code, err) == (0, ""), destination
-        assert "verified: 44 rows in 8 tables match" in out
+        assert "verified: 44 rows in 10 tables match" in out
         assert rows(destination) == expected
         assert memorm(capsys, "copy", "--verify-only", cluster_url, destination)[0] == 0
         code, out, err = memorm(capsys, "copy", "--tenant", "a", cluster_url, destination)
         assert (code, err) == (0, "")
-        assert "verified: 22 rows of tenant 'a' in 8 tables match" in out
+        assert "verified: 22 rows of tenant 'a' in 10 tables match" in out
 
 
 def test_copy_carries_the_graph_state_onto_the_cluster_and_the_graph_resumes_there(
@@ -125,10 +128,33 @@ def test_copy_carries_the_graph_state_onto_the_cluster_and_the_graph_resumes_the
     code, out, err = memorm(capsys, "copy", source, target, "--batch-size", "2")
     assert (code, err) == (0, "")
     assert f"copied {len(expected['graph_writes'])} graph_writes\n" in out
-    assert "in 8 tables match" in out
+    assert "in 10 tables match" in out
     assert dump(target) == expected
     assert _distributed(target)
     assert graph_resume(target) == (DONE, RESUMED)
+
+
+def test_copy_and_export_carry_the_store_onto_the_cluster_and_back(
+    cluster_urls: citus_kit.ClusterUrls, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, target = f"sqlite:///{tmp_path / 'store.db'}", cluster_urls.new()
+    store_fill(source, "acme", "globex")
+    expected, found = dump(source), store_seen(source, "acme")
+    code, out, err = memorm(capsys, "copy", source, target, "--batch-size", "2")
+    assert (code, err) == (0, "")
+    assert "copied 10 graph_store_items\n" in out
+    assert "in 10 tables match" in out
+    assert dump(target) == expected
+    assert _distributed(target)
+    same_store(store_seen(target, "acme"), found)  # the store's calls run on the agent's shard
+    code, out, err = memorm(capsys, "copy", source, target)
+    assert "copied 0 graph_store_vectors (12 already there)\n" in out
+    file = tmp_path / "acme.jsonl"
+    assert memorm(capsys, "export", "--tenant", "acme", target, str(file))[0] == 0
+    back = f"sqlite:///{tmp_path / 'back.db'}"
+    assert memorm(capsys, "import", back, str(file))[0] == 0
+    assert dump(back) == {name: [r for r in rows if r["tenant"] == "acme"] for name, rows in expected.items()}
+    same_store(store_seen(back, "acme"), found)
 
 
 # -- export / import ---------------------------------------------------------------
@@ -169,7 +195,7 @@ def test_an_export_of_the_cluster_imports_into_sqlite_and_into_another_cluster(
     one = tmp_path / "acme.jsonl"
     assert memorm(capsys, "export", "--tenant", "acme", source, str(one))[0] == 0
     header = json.loads(one.read_text().splitlines()[0])
-    assert (header["tenant"], header["tables"]) == ("acme", {**FILLED, **NO_GRAPH})
+    assert (header["tenant"], header["tables"]) == ("acme", {**FILLED, **NO_LANGGRAPH})
     alone = cluster_urls.new()
     assert memorm(capsys, "import", "--tenant", "acme", alone, str(one))[0] == 0
     assert rows(alone) == rows(source, "acme")

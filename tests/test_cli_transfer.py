@@ -139,7 +139,7 @@ def _search_totals(url: str, query: str) -> list[tuple[int, int]]:
 
 def _check_populated(rows: Dump) -> None:
     """The fixture data really has what the copy must carry (so equality means something)."""
-    assert [len(rows[t.name]) for t in TABLES] == [2, 4, 2, 8, 6, 0, 0, 0]  # no graph state
+    assert [len(rows[t.name]) for t in TABLES] == [2, 4, 2, 8, 6, 0, 0, 0, 0, 0]  # no LangGraph tables
     assert [row["next_seq"] for row in rows["sessions"]] == [5, 5]
     assert [row["archive_version"] for row in rows["agents"]] == [2, 2]
     assert [row["content"] for row in rows["messages"]].count(None) == 2  # the tool-call messages
@@ -159,7 +159,7 @@ def test_copy_moves_every_row_and_a_second_run_adds_nothing(
     assert main(["copy", source, destination]) == 0
     out = capsys.readouterr().out
     assert "copied 8 messages" in out
-    assert "verified: 22 rows in 8 tables match" in out
+    assert "verified: 22 rows in 10 tables match" in out
     copied = dump(destination)
     assert copied == expected
     _check_populated(copied)
@@ -223,7 +223,7 @@ def test_copy_of_json_negative_zero_from_sqlite_to_postgres_verifies(
     source, destination = f"sqlite:///{tmp_path / 'a.db'}", postgres_urls.new()
     asyncio.run(_negative_zeros(source))
     assert main(["copy", source, destination]) == 0
-    assert "verified: 5 rows in 8 tables match" in capsys.readouterr().out
+    assert "verified: 5 rows in 10 tables match" in capsys.readouterr().out
     assert main(["copy", "--verify-only", source, destination]) == 0
     # Both engines read every zero back unsigned, the raw -0.0 text included.
     for url in (source, destination):
@@ -295,6 +295,8 @@ def test_export_then_import_round_trips_every_row(
             "graph_checkpoints": 0,
             "graph_writes": 0,
             "graph_blobs": 0,
+            "graph_store_items": 0,
+            "graph_store_vectors": 0,
         },
     }
     first = json.loads(lines[1])

@@ -249,6 +249,8 @@ async def test_a_file_whose_rows_the_database_has_imports_again_without_refusal(
             "graph_checkpoints": 0,
             "graph_writes": 0,
             "graph_blobs": 0,
+            "graph_store_items": 0,
+            "graph_store_vectors": 0,
         }
     )
 

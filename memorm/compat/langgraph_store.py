@@ -21,7 +21,6 @@ Importing `memorm` never imports LangGraph; only this module does.
 from __future__ import annotations
 
 import heapq
-import math
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -51,7 +50,7 @@ from memorm.compat._sync import BRIDGE
 from memorm.db import Database
 from memorm.errors import ValidationError
 from memorm.models import Agent
-from memorm.repositories.store import NewItem, StoredItem
+from memorm.repositories.store import MAX_KEY_BYTES, NewItem, StoredItem, check_minutes
 from memorm.search.filters import check_value_filter
 from memorm.search.store_vectors import DISTANCES
 from memorm.types import utcnow
@@ -60,7 +59,6 @@ from memorm.validation import MAX_DIMENSIONS, MAX_PAGE, as_uuid, check_json_obje
 
 __all__ = ["InvalidNamespace", "MemormStore"]
 
-_MAX_BYTES = 1024  # of a joined namespace, and of a key: both in the primary key's btree entries
 _LIST_PAGE = 1000  # namespaces read at a time when a listing filters them in Python
 _SWEEP_BATCH = 1000  # expired items deleted per transaction by a sweep
 
@@ -83,8 +81,8 @@ def _labels(namespace: object, field: str) -> tuple[str, ...]:
             )
         check_text(label, field)
     joined = ".".join(namespace)
-    if len(joined.encode()) > _MAX_BYTES:
-        raise InvalidNamespace(f"{field}: a namespace is at most {_MAX_BYTES} bytes joined")
+    if len(joined.encode()) > MAX_KEY_BYTES:
+        raise InvalidNamespace(f"{field}: a namespace is at most {MAX_KEY_BYTES} bytes joined")
     return tuple(namespace)
 
 
@@ -92,8 +90,8 @@ def _key(key: object) -> str:
     if not isinstance(key, str):
         raise ValidationError(f"key: expected a string, got {type(key).__name__}")
     check_text(key, "key")
-    if len(key.encode()) > _MAX_BYTES:
-        raise ValidationError(f"key: at most {_MAX_BYTES} bytes")
+    if len(key.encode()) > MAX_KEY_BYTES:
+        raise ValidationError(f"key: at most {MAX_KEY_BYTES} bytes")
     return key
 
 
@@ -101,21 +99,6 @@ def _count(value: object, field: str, *, minimum: int, maximum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
         raise ValidationError(f"{field}: expected an integer from {minimum} to {maximum}, got {value!r:.80}")
     return int(value)
-
-
-def _minutes(value: object, field: str) -> float | None:
-    if value is None:
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ValidationError(f"{field}: expected a positive number of minutes or None, got {value!r:.80}")
-    if value > 1000 * 365 * 24 * 60:
-        raise ValidationError(f"{field}: more than a thousand years")
-    return float(value)
 
 
 def _ttl_config(ttl: object) -> TTLConfig | None:
@@ -128,7 +111,7 @@ def _ttl_config(ttl: object) -> TTLConfig | None:
     if unknown:
         raise ValidationError(f"ttl: unknown keys {sorted(map(str, unknown))}")
     config = cast("TTLConfig", dict(ttl))
-    _minutes(config.get("default_ttl"), "ttl.default_ttl")
+    check_minutes(config.get("default_ttl"), "ttl.default_ttl")
     if not isinstance(config.get("refresh_on_read", True), bool):
         raise ValidationError("ttl.refresh_on_read: expected a bool")
     return config
@@ -347,7 +330,7 @@ class MemormStore(BaseStore):
         value = check_json_object(
             dict(op.value) if isinstance(op.value, Mapping) else op.value, f"{where}.value"
         )
-        ttl = _minutes(op.ttl, f"{where}.ttl")
+        ttl = check_minutes(op.ttl, f"{where}.ttl")
         texts: dict[str, str] = {}
         if self._index is not None and op.index is not False:
             if op.index is None:

@@ -10,6 +10,7 @@ values checked, and the time `now` that decides what has expired.
 from __future__ import annotations
 
 import builtins
+import math
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
@@ -19,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.sql import ColumnElement
 
 from memorm.driver import Insert, fetch, insert_many
-from memorm.errors import NotFoundError
+from memorm.errors import NotFoundError, ValidationError
 from memorm.models import STORE_ITEMS, STORE_VECTORS
 from memorm.repositories.base import Repository
 from memorm.search.filters import json_value_conditions
@@ -27,7 +28,7 @@ from memorm.search.store_vectors import nearest_items, scored_count, unscored
 from memorm.translate import check_writable, guarded
 from memorm.validation import MAX_PAGE, as_uuid, check_int
 
-__all__ = ["NewItem", "StoreRepository", "StoredItem", "under"]
+__all__ = ["MAX_KEY_BYTES", "NewItem", "StoreRepository", "StoredItem", "check_minutes", "under"]
 
 _I, _V = STORE_ITEMS, STORE_VECTORS
 _ITEM_COLUMNS = (
@@ -44,6 +45,8 @@ _ITEM_COLUMNS = (
 _VECTOR_COLUMNS = ("tenant", "agent_id", "namespace", "key", "field", "embedding")
 _READ = (_I.c.namespace, _I.c.key, _I.c.value, _I.c.created_at, _I.c.updated_at, _I.c.ttl_minutes)
 _KEYS_PER_STATEMENT = 500  # (namespace, key) pairs per IN list
+MAX_KEY_BYTES = 1024  # of a joined namespace, and of a key: both in the primary key's btree entries
+_MAX_MINUTES = 1000 * 365 * 24 * 60
 
 
 def _one(table: sa.Table) -> list[ColumnElement[bool]]:
@@ -79,6 +82,22 @@ class NewItem(NamedTuple):
     value: dict[str, Any]
     ttl_minutes: float | None
     vectors: Mapping[str, list[float]] | None = None
+
+
+def check_minutes(value: object, field: str) -> float | None:
+    """A TTL in minutes (None: none) as the store keeps it: a positive float of at most a thousand years."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValidationError(f"{field}: expected a positive number of minutes or None, got {value!r:.80}")
+    if value > _MAX_MINUTES:
+        raise ValidationError(f"{field}: more than a thousand years")
+    return float(value)
 
 
 def under(column: Any, prefix: str) -> list[ColumnElement[bool]]:

@@ -3,9 +3,10 @@
 These are infrastructure, not the agent loop: they read memorm's tables with
 SQLAlchemy Core in keyset-paged batches (`memorm.transfer.rows`), write
 with the bulk path of `memorm.driver`, and never hold a whole table in
-memory.  Rows are keyed by (tenant, id) (the graph state of the sessions,
-which has no id, by its whole primary key): every write skips rows whose key
-the destination already has, so an interrupted run can simply be run again.
+memory.  Rows are keyed by (tenant, id) (the LangGraph tables, the graph
+state of the sessions and the agents' long-term store, which have no id, by
+their whole primary key): every write skips rows whose key the destination
+already has, so an interrupted run can simply be run again.
 Each operation takes `tenant=`: one tenant's rows (in units of work of that
 tenant), or None for every tenant's (`memorm.transfer.scope`).
 

@@ -24,6 +24,7 @@ from memorm.repositories.agents import _check_core_memory, _check_retention
 from memorm.repositories.message_input import _GIVEN, check_message
 from memorm.repositories.passage_queries import _check_half, _check_model_name, _check_shape
 from memorm.repositories.sessions import _check_key
+from memorm.repositories.store import MAX_KEY_BYTES, check_minutes
 from memorm.tenancy import check_tenant
 from memorm.transfer.rows import column_names
 from memorm.types import JSONType, VectorType
@@ -130,6 +131,34 @@ def _graph_state(values: Values) -> None:
         raise ValidationError("value: expected bytes")
 
 
+def _store_key(values: Values) -> None:
+    """An item's (or a vector's) namespace and key, as `MemormStore` takes them.
+
+    The namespace is LangGraph's labels joined by ".": each non-empty.
+    """
+    namespace, key = values["namespace"], values["key"]
+    if "" in namespace.split("."):
+        raise ValidationError(f"namespace: labels are non-empty, joined by '.'; got {namespace!r:.80}")
+    if len(namespace.encode()) > MAX_KEY_BYTES:
+        raise ValidationError(f"namespace: at most {MAX_KEY_BYTES} bytes")
+    if len(key.encode()) > MAX_KEY_BYTES:
+        raise ValidationError(f"key: at most {MAX_KEY_BYTES} bytes")
+
+
+def _store_item(values: Values) -> None:
+    _store_key(values)
+    check_json_object(values["value"], "value")
+    check_minutes(values["ttl_minutes"], "ttl_minutes")
+    if (values["expires_at"] is None) != (values["ttl_minutes"] is None):
+        raise ValidationError("expires_at: an item expires if and only if it has ttl_minutes")
+
+
+def _store_vector(values: Values) -> None:
+    _store_key(values)
+    if not values["field"]:
+        raise ValidationError("field: expected a field path, got ''")
+
+
 _CHECKS: dict[str, Callable[[Values], None]] = {
     "agents": _agent,
     "embedding_models": _model,
@@ -139,6 +168,8 @@ _CHECKS: dict[str, Callable[[Values], None]] = {
     "graph_checkpoints": _graph_state,
     "graph_writes": _graph_state,
     "graph_blobs": _graph_state,
+    "graph_store_items": _store_item,
+    "graph_store_vectors": _store_vector,
 }
 
 
@@ -152,7 +183,7 @@ def check_row(table: sa.Table, row: tuple[Any, ...]) -> Values:
     try:
         _storage(table, values)
         check_tenant(values["tenant"])
-        if "meta" in values:  # every table but graph_writes and graph_blobs
+        if "meta" in values:  # every table but graph_writes, graph_blobs and the store's
             check_json_object(values["meta"], "meta")
         _CHECKS[table.name](values)
     except ValidationError as error:

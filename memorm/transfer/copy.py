@@ -62,7 +62,7 @@ async def copy_database(
     verify: bool = True,
     reporter: Reporter | None = None,
 ) -> CopyReport:
-    """Copy every row of `source` (agents… passages, the sessions' graph state) into `destination`.
+    """Copy every row of `source` (agents… passages, graph state, store items) into `destination`.
 
     The source must be at head.  An empty destination (no memorm schema) is
     migrated to head first; one with a memorm schema must be at head too

@@ -234,7 +234,7 @@ def _rows(source: Path, *, older: bool) -> Iterator[Numbered]:
         yield number, where, table, row
     if end is None:
         raise ValidationError(f"{source} ends early (no end record): a truncated export?")
-    # An export from before a table existed (the graph state's, 0012) does not name it.
+    # An export from before a table existed (the graph state's, 0012; the store's, 0013) does not name it.
     counted = {**{name: 0 for name in seen if name not in end}, **end} if isinstance(end, dict) else end
     if counted != seen:
         raise ValidationError(f"{source}: its end record counts {end}, but it holds {seen}")

@@ -15,16 +15,20 @@ halfway through an import:
 * a row the database's unique constraints would refuse: an agent name of a
   tenant, a model name of an agent, a session key of an agent or a message
   `seq` of a session taken by another row, in the file or in the database;
-  or a session whose id the database holds under another agent.
+  or a session whose id the database holds under another agent;
+* a graph-state row whose session is not of its tenant, earlier in the file
+  or in the database, or not of the row's agent; a store item whose agent is
+  not, or a store vector whose item is not.
 
 Every structure and every lookup is keyed by the tenant too, so a file
 holding several tenants, or a database holding other tenants with the same
 ids, is checked as the database's keys will see it.  A row whose key the
 database has already is skipped by the import, so the database's version of
 it (a session's agent and `next_seq`, a model's shape) is what later rows are
-checked against.  Memory grows with agents, models and sessions, and by 12
-bytes per message (its `seq` and line, to find duplicates at the end); never
-with texts or vectors.
+checked against.  Memory grows with agents, models, sessions and store
+items (their keys, which their vectors are checked against), and by 12 bytes
+per message (its `seq` and line, to find duplicates at the end); never with
+texts, values or vectors.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import sqlalchemy as sa
 
 from memorm.db import Database
 from memorm.errors import ValidationError
-from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, SESSIONS
+from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, SESSIONS, STORE_ITEMS
 from memorm.transfer.checks import Values, vector_of
 from memorm.transfer.lookup import PER_QUERY, matching
 from memorm.transfer.scope import Scope, scoped
@@ -50,11 +54,16 @@ __all__ = ["FileCheck", "Numbered", "Pending"]
 
 T = TypeVar("T")
 Key = tuple[str, uuid.UUID]  # (tenant, id)
+ItemKey = tuple[str, uuid.UUID, str, str]  # a store item's (tenant, agent_id, namespace, key)
 
 
 def _chunks(items: Sequence[T]) -> Iterable[Sequence[T]]:
     for start in range(0, len(items), PER_QUERY):
         yield items[start : start + PER_QUERY]
+
+
+def _item_key(row: Values) -> ItemKey:
+    return (row["tenant"], row["agent_id"], row["namespace"], row["key"])
 
 
 def _of(tenant: str) -> str:
@@ -92,14 +101,16 @@ class FileCheck:
         self.models: dict[tuple[str, uuid.UUID, str], tuple[int, str]] = {}  # (tenant, agent, name): shape
         self.chats: dict[Key, _Chat] = {}
         self.keys: dict[tuple[str, uuid.UUID, str], str] = {}  # (tenant, agent, session key): where
+        self.items: set[ItemKey] = set()  # store items earlier in the file or found in the database
         self.last: dict[str, Key] = {}
 
     def order(self, table: sa.Table, values: Values, where: str) -> None:
         """Refuse a row that does not come after the previous row of its table, in (tenant, id) order.
 
-        Graph-state rows are exported in the order of their text keys as the
-        database's collation sorts them, which need not be Python's: they are
-        not checked here, and of a key given twice the import keeps the first.
+        The LangGraph tables' rows (graph state, store) are exported in the
+        order of their text keys as the database's collation sorts them,
+        which need not be Python's: they are not checked here, and of a key
+        given twice the import keeps the first.
         """
         if "id" not in values:
             return
@@ -288,6 +299,23 @@ class FileCheck:
 
     async def _graph_blobs(self, rows: Pending) -> None:
         await self._require_sessions("graph_blobs", rows)
+
+    async def _graph_store_items(self, rows: Pending) -> None:
+        await self._require_agents("graph_store_items", rows)
+        self.items.update(_item_key(row) for _, _, row in rows)
+
+    async def _graph_store_vectors(self, rows: Pending) -> None:
+        """Refuse a vector whose item is not earlier in the file or in the database."""
+        unknown = {_item_key(row) for _, _, row in rows} - self.items
+        key = [STORE_ITEMS.c.tenant, STORE_ITEMS.c.agent_id, STORE_ITEMS.c.namespace, STORE_ITEMS.c.key]
+        self.items.update(await self._stored(key, key, unknown))
+        for where, _, row in rows:
+            if _item_key(row) not in self.items:
+                raise ValidationError(
+                    f"{where}: graph_store_vectors.key: agent {row['agent_id']} of {_of(row['tenant'])} "
+                    f"has no item {row['key']!r} in namespace {row['namespace']!r} earlier in the file "
+                    "or in the database"
+                )
 
     async def _messages(self, rows: Pending) -> None:
         await self._require_sessions("messages", rows)

@@ -11,10 +11,13 @@ are UUIDv7, so that is oldest first, and the same order on both engines
 (SQLite keeps uuids as 32 hex digits, which sort as Postgres sorts `uuid`):
 which is what lets checksums of the two sides be compared.
 
-The graph-state tables (`graph_checkpoints`, `graph_writes`, `graph_blobs`)
-have no id: a row's key is its tenant and its primary key's other columns
-(`key_columns`), read in that order, text compared by the database's own
-collation, so their checksums are order-free (`memorm.transfer.verify`).
+The LangGraph tables have no id: the graph state of the sessions
+(`graph_checkpoints`, `graph_writes`, `graph_blobs`) and the agents'
+long-term store (`graph_store_items`, `graph_store_vectors`).  A row's key
+is its tenant and its primary key's other columns (`key_columns`), read in
+that order, text compared by the database's own collation (a store
+namespace byte by byte, its key by the collation), so their checksums are
+order-free (`memorm.transfer.verify`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from memorm.models import (
     MESSAGES,
     PASSAGES,
     SESSIONS,
+    STORE_TABLES,
+    STORE_VECTORS,
     fields,
 )
 from memorm.progress import Reporter, Silent
@@ -63,8 +68,17 @@ __all__ = [
 ]
 
 # Parents before children: every foreign key finds its row already written.  The
-# graph state of the sessions (memorm.compat.langgraph) comes last, after its sessions.
-TABLES: tuple[sa.Table, ...] = (AGENTS, EMBEDDING_MODELS, SESSIONS, MESSAGES, PASSAGES, *CHECKPOINT_TABLES)
+# LangGraph tables (memorm.compat.langgraph) come last: the graph state after its
+# sessions, then the agents' long-term store (items before their vectors).
+TABLES: tuple[sa.Table, ...] = (
+    AGENTS,
+    EMBEDDING_MODELS,
+    SESSIONS,
+    MESSAGES,
+    PASSAGES,
+    *CHECKPOINT_TABLES,
+    *STORE_TABLES,
+)
 DEFAULT_BATCH_SIZE = 5_000
 
 Row = tuple[Any, ...]
@@ -95,7 +109,7 @@ def id_index(table: sa.Table) -> int:
 
 @cache
 def key_columns(table: sa.Table) -> tuple[sa.Column[Any], ...]:
-    """The columns that, with the tenant, name a row: `id`; a graph-state row's composite key."""
+    """The columns that, with the tenant, name a row: `id`; a LangGraph table's row, its composite key."""
     if "id" in table.c:
         return (table.c.id,)
     return tuple(column for column in table.primary_key.columns if column.name != "tenant")
@@ -108,7 +122,7 @@ def _key_indexes(table: sa.Table) -> tuple[int, ...]:
 
 
 def row_key(table: sa.Table, row: Row) -> tuple[Any, ...]:
-    """A row's key: `(tenant, id)`, or the tenant and a graph-state row's key columns."""
+    """A row's key: `(tenant, id)`, or the tenant and a LangGraph table's key columns."""
     return tuple(row[index] for index in _key_indexes(table))
 
 
@@ -178,7 +192,7 @@ async def read_batches(
 
     Each page is its own statement (`WHERE tenant = t AND id > last ORDER BY
     id LIMIT n`), so a long read holds no transaction open and memory stays
-    at one batch.  A batch may hold rows of several tenants.  A graph-state
+    at one batch.  A batch may hold rows of several tenants.  A LangGraph
     table is read in the order of its key columns instead (`key_columns`),
     text compared as the database compares it.
     """
@@ -228,10 +242,12 @@ async def insert_new(db: Database, table: sa.Table, rows: Sequence[Row], *, tena
         raise ValidationError(f"{table.name}: a row of another tenant than {tenant!r}")
     keys = [row_key(table, row) for row in rows]
     columns = [table.c.tenant, *key_columns(table)]
+    # A store vector is looked up by its item (few fields each), not one statement per item.
+    lookup = columns[:-1] if table is STORE_VECTORS else columns
     async with scoped(db, tenant) as uow:
         async with guarded(uow.session):
             found: set[tuple[Any, ...]] = set()
-            for where in matching(columns, keys):
+            for where in matching(lookup, {key[: len(lookup)] for key in keys}):
                 stored = await uow.session.execute(sa.select(*columns).where(where))
                 found.update(tuple(key) for key in stored)
             fresh = []
@@ -257,7 +273,7 @@ async def _refuse_taken(session: AsyncSession, table: sa.Table, rows: Sequence[R
     never collide.
     """
     if "id" not in table.c:
-        return  # a graph-state table: its primary key is its only unique key
+        return  # a LangGraph table: its primary key is its only unique key
     names = column_names(table)
     at = id_index(table)
     if table is AGENTS:  # names are unique per tenant in agent_names

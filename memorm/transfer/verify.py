@@ -6,10 +6,10 @@ id) in (tenant, id) order, of one tenant or of every tenant.  Equal digests
 on two databases mean the same rows with the same contents, whichever
 engines hold them and whatever else (other tenants) they hold.
 
-The graph-state tables have text keys, which each database orders by its
-own collation, so their rows may come in another order on each side: their
-digest is order-free, the SHA-256 of the sum (modulo 2**256) of each row's
-SHA-256.
+The LangGraph tables (the graph state, the long-term store) have text keys,
+which each database orders by its own collation, so their rows may come in
+another order on each side: their digest is order-free, the SHA-256 of the
+sum (modulo 2**256) of each row's SHA-256.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Digester:
         self.table = table
         self.count = 0
         self._hash = hashlib.sha256()
-        self._ordered = "id" in table.c  # else a graph-state table: order-free (see above)
+        self._ordered = "id" in table.c  # else a LangGraph table: order-free (see above)
         self._sum = 0
 
     def add(self, rows: Iterable[Row]) -> None:
