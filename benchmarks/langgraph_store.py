@@ -5,7 +5,8 @@ engine.  Each side has a store of its own; the two alternate call by call.
 
 * Postgres: `AsyncPostgresStore` (`langgraph-checkpoint-postgres`, on a
   psycopg pool set up as LangGraph's docs say), without and with an index
-  (pgvector, the same embedding function on both sides).
+  (pgvector, the same embedding function on both sides; each side's
+  `setup()` builds its HNSW index).
 * SQLite: `AsyncSqliteStore` (`langgraph-checkpoint-sqlite`, its own
   aiosqlite connection, WAL and `synchronous=NORMAL` as memorm's) without an
   index.  Its semantic search needs the sqlite-vec extension, which this machine's Python cannot load, so the
@@ -100,8 +101,10 @@ async def _memorm(where: Store, *, indexed: bool) -> AsyncIterator[BaseStore]:
     await db.create_all()
     async with db.unit_of_work() as uow:
         agent = await uow.agents.create(f"store-{uuid.uuid4().hex[:8]}")
+    store = MemormStore(db, agent=agent.id, index=INDEX if indexed else None)
+    await store.asetup()  # the HNSW index on Postgres, as AsyncPostgresStore.setup() builds one
     try:
-        yield MemormStore(db, agent=agent.id, index=INDEX if indexed else None)
+        yield store
     finally:
         await db.dispose()
 

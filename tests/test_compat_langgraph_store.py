@@ -261,6 +261,78 @@ async def test_vector_search_ranks_by_the_best_field(db: Database) -> None:
     assert [i.score for i in fish] == [pytest.approx(0.0)] * 3 + [None]  # "plain" has no embedding
 
 
+def _hashed(texts: list[str], dims: int = 16) -> list[list[float]]:
+    """A deterministic embedding of many shapes: each word adds a signed unit on a hashed axis."""
+    import hashlib
+
+    vectors = []
+    for text in texts:
+        vector = [0.0] * dims
+        for word in text.split():
+            digest = hashlib.sha256(word.encode()).digest()
+            vector[digest[0] % dims] += 1.0 if digest[1] & 1 else -1.0
+        vectors.append(vector if any(vector) else [1.0] + [0.0] * (dims - 1))
+    return vectors
+
+
+async def _plan(db: Database, statement: str, parameters: Any) -> str:
+    async with db.unit_of_work(read_only=True) as uow:
+        driver = (await (await uow.session.connection()).get_raw_connection()).driver_connection
+        rows = await driver.fetch(f"EXPLAIN {statement}", *parameters)
+    return "\n".join(row[0] for row in rows)
+
+
+@pytest.mark.single_node  # its plain EXPLAIN of the statement is one server's
+async def test_setup_builds_an_hnsw_index_that_searches_by_query_use(db: Database) -> None:
+    words = [
+        "alpha",
+        "beta",
+        "gamma",
+        "delta",
+        "epsilon",
+        "zeta",
+        "eta",
+        "theta",
+        "iota",
+        "kappa",
+        "lambda",
+        "mu",
+    ]
+    index = {"dims": 16, "embed": _hashed, "fields": ["text"]}
+    store = MemormStore(db, agent=await _agent(db), index=index)
+    texts = [
+        " ".join(words[(i * 7 + j) % len(words)] for j in range(i % 4 + 1)) + f" n{i}" for i in range(300)
+    ]
+    await store.abatch(
+        [PutOp(("docs",), f"d{i}", {"text": text, "kind": i % 30}) for i, text in enumerate(texts)]
+    )
+    query = "gamma delta"
+    exact = [(item.key, item.score) for item in await store.asearch(("docs",), query=query, limit=10)]
+    await store.asetup()
+    await store.asetup()  # idempotent
+    if db.dialect == "postgresql":  # as autovacuum would, sooner or later: the plan below is then stable
+        async with db.unit_of_work() as uow:
+            await uow.session.execute(sa.text("ANALYZE graph_store_items, graph_store_vectors"))
+    with capture_statements(db) as sent:
+        found = [(item.key, item.score) for item in await store.asearch(("docs",), query=query, limit=10)]
+    # HNSW is approximate; on 300 vectors with pgvector's defaults it finds the exact answer.
+    assert [key for key, _ in found] == [key for key, _ in exact]
+    assert all(math.isclose(a, b, abs_tol=1e-5) for (_, a), (_, b) in zip(found, exact, strict=True))
+    if db.dialect == "postgresql":
+        [(statement, parameters)] = [(q, p) for q, p in sent if " AS near" in q]
+        plan = await _plan(db, statement, parameters)
+        assert "Index Scan using ix_graph_store_vectors_hnsw_16_cosine" in plan, plan
+        async with db.unit_of_work(read_only=True) as uow:
+            assert await uow.graph_store.has_index(16, "cosine")
+            assert not await uow.graph_store.has_index(16, "l2")
+    # A filter the index's candidates cannot fill a page with: the page comes from an exact search.
+    rare = await store.asearch(("docs",), query=query, filter={"kind": 7}, limit=10)
+    assert sorted(item.key for item in rare) == sorted(f"d{i}" for i in range(300) if i % 30 == 7)
+    assert all(item.score is not None for item in rare)
+    with pytest.raises(ValidationError):
+        await MemormStore(db, agent=await _agent(db, "wide"), index={**index, "dims": 4000}).asetup()
+
+
 async def test_store_vectors_are_not_archival_passages(db: Database) -> None:
     agent = await _agent(db)
     store = MemormStore(db, agent=agent, index={"dims": DIMS, "embed": embed})

@@ -220,6 +220,8 @@ class MemormStore(BaseStore):
         self.index_config: dict[str, Any] | None = None if index is None else dict(index)
         self.embeddings: Embeddings | None = None if self._index is None else self._index.embeddings
         self.ttl_config = _ttl_config(ttl)
+        # Whether the HNSW index for this store's shape exists (Postgres): asked once, on the first search.
+        self._indexed: bool | None = None
 
     def __repr__(self) -> str:
         return f"MemormStore(agent={self.agent_id})"
@@ -234,6 +236,29 @@ class MemormStore(BaseStore):
         """`abatch` for sync code, on memorm's sync loop (from any thread)."""
         listed = list(ops)
         return BRIDGE.run(self.db, lambda db: self._batch(db, listed))
+
+    async def asetup(self, *, m: int = 16, ef_construction: int = 64) -> None:
+        """Build the HNSW index that searches by query use on Postgres (as the tables' owner).
+
+        For a store with an `index` config; nothing to do otherwise, or on
+        SQLite (which searches exactly).  Idempotent: run it at deploy time,
+        beside `db.upgrade()`.  A search through the index is approximate
+        (pgvector's HNSW); a page the index's candidates do not fill (a
+        selective filter, a small namespace) is searched again exactly.
+        Without the index every search is exact, and grows with the items
+        under the namespace prefix searched.
+        """
+        if self._index is None:
+            return
+        async with self.db.unit_of_work() as uow:
+            await uow.graph_store.ensure_index(
+                self._index.dims, self._index.distance, m=m, ef_construction=ef_construction
+            )
+        self._indexed = self.db.dialect != "sqlite"
+
+    def setup(self, *, m: int = 16, ef_construction: int = 64) -> None:
+        """`asetup` for sync code."""
+        BRIDGE.run(self.db, lambda _: self.asetup(m=m, ef_construction=ef_construction))
 
     async def asweep_ttl(self) -> int:
         """Delete the agent's expired items (with their embeddings), in batches; how many."""
@@ -406,6 +431,11 @@ class MemormStore(BaseStore):
         if isinstance(op, SearchOp):
             if op.limit == 0:
                 return []
+            approximate = False
+            if query is not None and self._index is not None:
+                if self._indexed is None:
+                    self._indexed = await store.has_index(self._index.dims, self._index.distance)
+                approximate = self._indexed
             hits = await store.search(
                 self.agent_id,
                 ".".join(op.namespace_prefix),
@@ -415,6 +445,7 @@ class MemormStore(BaseStore):
                 offset=op.offset,
                 query=query,
                 distance=self._index.distance if self._index is not None else "cosine",
+                approximate=approximate,
             )
             if op.refresh_ttl:
                 refresh += [hit for hit in hits if hit.ttl_minutes is not None]

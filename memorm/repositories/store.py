@@ -24,7 +24,13 @@ from memorm.errors import NotFoundError, ValidationError
 from memorm.models import STORE_ITEMS, STORE_VECTORS
 from memorm.repositories.base import Repository
 from memorm.search.filters import json_value_conditions
-from memorm.search.store_vectors import nearest_items, scored_count, unscored
+from memorm.search.store_vectors import (
+    ensure_store_index,
+    nearest_items,
+    scored_count,
+    store_index_exists,
+    unscored,
+)
 from memorm.translate import check_writable, guarded
 from memorm.validation import MAX_PAGE, as_uuid, check_int
 
@@ -257,13 +263,15 @@ class StoreRepository(Repository):
         offset: int,
         query: builtins.list[float] | None = None,
         distance: str = "cosine",
+        approximate: bool = False,
     ) -> builtins.list[StoredItem]:
         """The live items in namespace `prefix` (and below) whose values match `where`.
 
         Without `query`, newest update first; with it (an embedding), by
         their best field's score (`memorm.search.store_vectors`), then the
         items without embeddings, unscored, newest first (as LangGraph's
-        in-memory store).
+        in-memory store).  `approximate`: on Postgres, through the HNSW index
+        (`ensure_index`); a page it does not fill is searched again exactly.
         """
         size = check_int(limit, "limit", minimum=1, maximum=MAX_PAGE)
         skip = check_int(offset, "offset", minimum=0, maximum=2**62)
@@ -279,7 +287,20 @@ class StoreRepository(Repository):
                 .offset(skip)
             )
             return [_item(tuple(row)) for row in await self._execute(statement)]
-        hits = await nearest_items(self.link, conditions, query, distance=distance, limit=size, offset=skip)
+        vectors = [*self._agent(_V, agent_id), *under(_V.c.namespace, prefix)]
+        hits: builtins.list[tuple[str, str, float]] = []
+        for through_index in (True, False) if approximate and not self.link.sqlite else (False,):
+            hits = await nearest_items(
+                self.link,
+                conditions,
+                query,
+                distance=distance,
+                limit=size,
+                offset=skip,
+                vectors=vectors if through_index else None,
+            )
+            if len(hits) == size:  # else exact: the index's candidates did not fill the page
+                break
         found = await self.get(agent_id, [(namespace, key) for namespace, key, _ in hits], now=now)
         scored = [
             found[namespace, key]._replace(score=score)
@@ -298,6 +319,24 @@ class StoreRepository(Repository):
             .offset(max(0, skip - before))
         )
         return scored + [_item(tuple(row)) for row in await self._execute(statement)]
+
+    async def ensure_index(
+        self, dims: int, distance: str = "cosine", *, m: int = 16, ef_construction: int = 64
+    ) -> str:
+        """Build the HNSW index for the stores' vectors of `dims` dimensions, if missing; its name.
+
+        Postgres only (a no-op on SQLite, which searches exactly).  One index
+        serves every agent's store of that shape and distance; searches that
+        ask for it (`approximate`) use it.  Needs the tables' owner, and
+        `CREATE INDEX` blocks writes to the table while it builds.
+        """
+        async with guarded(self.link):
+            return await ensure_store_index(self.link, dims, distance, m=m, ef_construction=ef_construction)
+
+    async def has_index(self, dims: int, distance: str = "cosine") -> bool:
+        """Whether the HNSW index for this shape and distance exists (never on SQLite)."""
+        async with guarded(self.link):
+            return await store_index_exists(self.link, dims, distance)
 
     async def namespaces(
         self,

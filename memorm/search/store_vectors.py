@@ -30,9 +30,13 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 import sqlalchemy as sa
 from pgvector.sqlalchemy import VECTOR
+from sqlalchemy.schema import CreateIndex
 from sqlalchemy.sql import ColumnElement
 
+from memorm.errors import ValidationError
 from memorm.models import STORE_ITEMS, STORE_VECTORS
+from memorm.routing import DISTRIBUTED
+from memorm.search.vector import PROPAGATE, check_build_options
 from memorm.types import VectorType
 from memorm.validation import INT64_MAX
 
@@ -42,12 +46,23 @@ if TYPE_CHECKING:
 
     from memorm.link import Link
 
-__all__ = ["BATCH", "DISTANCES", "nearest_items", "scored_count", "unscored"]
+__all__ = [
+    "BATCH",
+    "DISTANCES",
+    "check_index_shape",
+    "ensure_store_index",
+    "nearest_items",
+    "scored_count",
+    "store_index_exists",
+    "store_index_name",
+    "unscored",
+]
 
 DISTANCES = ("cosine", "inner_product", "l2")
 BATCH = 2_000  # vectors read (and scored) at a time on SQLite
 _OPERATORS = {"cosine": "<=>", "inner_product": "<#>", "l2": "<->"}
 _THREAD_ABOVE = 200_000  # matrix cells; smaller batches are scored inline
+_CANDIDATES = 4  # vectors an approximate search takes from the index per row of its page
 
 Hit = tuple[str, str, float]
 """An item found: its namespace, key and score."""
@@ -93,11 +108,15 @@ async def nearest_items(
     distance: str,
     limit: int,
     offset: int,
+    vectors: Sequence[ColumnElement[bool]] | None = None,
 ) -> list[Hit]:
     """The page `offset:offset+limit` of the items `where` keeps, by their best field's score.
 
     `where` holds conditions on `STORE_ITEMS` (the tenant and agent first);
-    only vectors of `len(query)` dimensions are compared.
+    only vectors of `len(query)` dimensions are compared.  With `vectors`
+    (conditions on `STORE_VECTORS`: the tenant, agent and namespace prefix),
+    on Postgres, the search is approximate (`_approximate`): through the HNSW
+    index `ensure_store_index` built, if there is one.
     """
     if link.sqlite:
         return await _sqlite_nearest(link, where, query, distance=distance, limit=limit, offset=offset)
@@ -105,6 +124,8 @@ async def nearest_items(
     column = sa.cast(_V.c.embedding, VECTOR(dims))
     target = sa.cast(sa.bindparam("query", query, type_=VectorType()), VECTOR(dims))
     measured = column.op(_OPERATORS[distance], return_type=sa.Float)(target)
+    if vectors is not None:
+        return await _approximate(link, where, vectors, measured, dims, distance, limit, offset)
     # Per item kept, its best field: a lateral subquery on the item's own key, so each
     # item's vectors are found by the primary key whatever the planner thinks of the
     # tables' sizes (a join planned on a fresh table's statistics compared every pair).
@@ -121,6 +142,116 @@ async def nearest_items(
     )
     rows: list[Any] = [tuple(row) for row in await link.execute(ranked)]
     return [(row[0], row[1], _score(distance, float(row[2]))) for row in rows]
+
+
+async def _approximate(
+    link: Link,
+    where: Sequence[ColumnElement[bool]],
+    vectors: Sequence[ColumnElement[bool]],
+    measured: ColumnElement[Any],
+    dims: int,
+    distance: str,
+    limit: int,
+    offset: int,
+) -> list[Hit]:
+    """The nearest vectors by the index (`ORDER BY distance LIMIT`), then their items, best field each.
+
+    The inner query is what an HNSW index answers: the vectors' own
+    conditions, the dimension as a literal (the partial index's predicate),
+    `_CANDIDATES` times the page's rows (an item may have several fields,
+    and the items' conditions drop some); pgvector's iterative scan (set on
+    every connection) goes on until so many pass.  A page it does not fill
+    is the caller's to search exactly.
+    """
+    want = min((limit + offset) * _CANDIDATES, INT64_MAX)
+    near = (
+        sa.select(_V.c.namespace, _V.c.key, measured.label("distance"))
+        .where(*vectors, _dims_literal(_V, dims))
+        .order_by(measured)
+        .limit(want)
+        .subquery("near")
+    )
+    best = sa.func.min(near.c.distance)
+    ranked = (
+        sa.select(near.c.namespace, near.c.key, best.label("distance"))
+        .select_from(near.join(_I, sa.and_(_I.c.namespace == near.c.namespace, _I.c.key == near.c.key)))
+        .where(*where)
+        .group_by(near.c.namespace, near.c.key)
+        .order_by(best, near.c.namespace, near.c.key)
+        .limit(limit)
+        .offset(offset)
+    )
+    rows: list[Any] = [tuple(row) for row in await link.execute(ranked)]
+    return [(row[0], row[1], _score(distance, float(row[2]))) for row in rows]
+
+
+# -- the HNSW index (Postgres) ------------------------------------------------------------------
+
+# Runtime indexes are built on a detached copy: one on memorm's table would join its metadata.
+_DETACHED = STORE_VECTORS.to_metadata(sa.MetaData())
+_OPS_CLASS = {"cosine": "vector_cosine_ops", "inner_product": "vector_ip_ops", "l2": "vector_l2_ops"}
+_MAX_INDEXED_DIMS = 2_000  # pgvector's limit for an HNSW index on `vector`
+
+
+def _dims_literal(table: sa.Table, dims: int) -> ColumnElement[bool]:
+    """`vector_dims(embedding) = dims`, `dims` a literal: the partial index's predicate, in any plan."""
+    return sa.func.vector_dims(table.c.embedding) == sa.literal_column(str(int(dims)), sa.Integer)
+
+
+def store_index_name(dims: int, distance: str) -> str:
+    """The HNSW index over the store's vectors of `dims` dimensions, for `distance`."""
+    return f"ix_graph_store_vectors_hnsw_{int(dims)}_{distance}"
+
+
+def check_index_shape(dims: object, distance: object) -> tuple[int, str]:
+    """`dims` (1 to 2,000, pgvector's limit for an index) and `distance`, checked on both engines."""
+    if isinstance(dims, bool) or not isinstance(dims, int) or not 1 <= dims <= _MAX_INDEXED_DIMS:
+        raise ValidationError(f"dims: expected an integer from 1 to {_MAX_INDEXED_DIMS}, got {dims!r:.80}")
+    if distance not in DISTANCES:
+        raise ValidationError(f"distance: expected one of {', '.join(DISTANCES)}, got {distance!r:.80}")
+    return int(dims), str(distance)
+
+
+async def ensure_store_index(link: Link, dims: int, distance: str, *, m: int, ef_construction: int) -> str:
+    """Create the HNSW index for the store's vectors of `dims` dimensions and `distance`, if missing.
+
+    Postgres only (SQLite searches exactly: ""); its name otherwise.  A
+    partial index on `embedding::vector(dims)`, one per shape and distance,
+    serving every agent's store.
+    """
+    links, candidates = check_build_options(m, ef_construction)
+    size, measure = check_index_shape(dims, distance)
+    if link.sqlite:
+        return ""
+    await link.ready()
+    connection = link.connection
+    name = store_index_name(size, measure)
+    index = sa.Index(
+        name,
+        sa.cast(_DETACHED.c.embedding, VECTOR(size)).label("embedding"),
+        postgresql_using="hnsw",
+        postgresql_with={"m": links, "ef_construction": candidates},
+        postgresql_ops={"embedding": _OPS_CLASS[measure]},
+        postgresql_where=_dims_literal(_DETACHED, size),
+    )
+    if link.info.get(DISTRIBUTED, False):  # the shards' indexes are built on the workers
+        await connection.exec_driver_sql(PROPAGATE)
+    await connection.exec_driver_sql("SET LOCAL maintenance_work_mem = '512MB'")
+    await connection.execute(CreateIndex(index, if_not_exists=True))
+    return name
+
+
+async def store_index_exists(link: Link, dims: int, distance: str) -> bool:
+    """Whether `ensure_store_index` built the index for this shape and distance (never on SQLite)."""
+    if link.sqlite:
+        return False
+    found = await link.execute(
+        sa.text(
+            "SELECT 1 FROM pg_indexes WHERE indexname = :name AND schemaname = ANY (current_schemas(false))"
+        ),
+        {"name": store_index_name(*check_index_shape(dims, distance))},
+    )
+    return found.first() is not None
 
 
 async def _sqlite_nearest(

@@ -62,6 +62,7 @@ __all__ = [
     "ARCHIVE_WRITES",
     "CONNECTION_SETTINGS",
     "METRICS",
+    "PROPAGATE",
     "ScoredPassage",
     "VectorCache",
     "check_build_options",
@@ -91,7 +92,7 @@ _EF_CONSTRUCTION = (4, 1000)
 ARCHIVE_WRITES = "memorm_archive_writes"
 _TIE_MARGIN = 16  # rows read past k+offset, so equal distances there can be ordered by id
 # Citus passes the transaction's later SET LOCALs on to its worker connections.
-_PROPAGATE = "SET LOCAL citus.propagate_set_commands = 'local'"
+PROPAGATE = "SET LOCAL citus.propagate_set_commands = 'local'"
 _THREAD_ABOVE = 200_000  # matrix cells; smaller searches run inline (a thread hop costs ~0.1 ms)
 
 
@@ -204,7 +205,7 @@ async def ensure_index(
     # HNSW builds are memory-hungry: with the default 64 MB, 100k x 384 took 2-4x longer.
     # On Citus the shards' indexes are built on the workers: the setting goes there too.
     if link.info.get(DISTRIBUTED, False):
-        await connection.exec_driver_sql(_PROPAGATE)
+        await connection.exec_driver_sql(PROPAGATE)
     await connection.exec_driver_sql("SET LOCAL maintenance_work_mem = '512MB'")
     # IF NOT EXISTS in the DDL itself: an inspector probe can look in another schema.
     await connection.execute(CreateIndex(index, if_not_exists=True))
@@ -274,7 +275,7 @@ async def _search_settings(link: Link, ef_search: int | None) -> None:
     driver: Any = link.driver
     if distributed:
         statements = [
-            _PROPAGATE,
+            PROPAGATE,
             f"SET LOCAL hnsw.ef_search = {int(ef_search or DEFAULT_EF_SEARCH)}",
             "SET LOCAL hnsw.iterative_scan = strict_order",
         ]
