@@ -280,8 +280,9 @@ def _left_out(item: pytest.Item) -> bool:
     if APP_ROLE and "owner" in item.keywords and "postgres" in item.keywords:
         return True
     if CITUS:  # only Postgres tests on the suite's distributed schemas
-        # The db fixture, or the SDK suites' backend (a Database from probes.tagged_database).
-        uses_db = bool({"db", "backend"} & set(getattr(item, "fixturenames", ())))
+        # The db fixture, or the SDK suites' backend and LangGraph's store suite (a Database
+        # from probes.tagged_database).
+        uses_db = bool({"db", "backend", "_memorm_store"} & set(getattr(item, "fixturenames", ())))
         return "postgres" not in item.keywords or "single_node" in item.keywords or not uses_db
     return False
 
