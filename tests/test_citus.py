@@ -232,6 +232,10 @@ async def test_every_per_agent_call_runs_on_one_shard(cluster: Database, citus_u
         assert found.value == {"text": "tea", "n": 1}
         assert [i.key for i in await store.asearch(("notes",), filter={"n": {"$gt": 1}})] == ["k2"]
         assert [i.key for i in await store.asearch(("notes",), query="tea")] == ["k1", "k2"]
+        async with Database(citus_url) as owner:  # its HNSW index: DDL on every shard
+            await MemormStore(owner, agent=agent.id, index=index).asetup()
+        indexed = MemormStore(db, agent=agent.id, index=index)  # a search through the index
+        assert [i.key for i in await indexed.asearch(("notes",), query="tea")] == ["k1", "k2"]
         assert await store.alist_namespaces(prefix=("notes",)) == [("notes", "a"), ("notes", "b")]
         assert await store.alist_namespaces(max_depth=1) == [("notes",)]
         await store.adelete(("notes", "a"), "k1")

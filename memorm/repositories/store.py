@@ -287,17 +287,18 @@ class StoreRepository(Repository):
                 .offset(skip)
             )
             return [_item(tuple(row)) for row in await self._execute(statement)]
-        vectors = [*self._agent(_V, agent_id), *under(_V.c.namespace, prefix)]
+        scope = [*self._agent(_V, agent_id), *under(_V.c.namespace, prefix)]  # the same, on the vectors
         hits: builtins.list[tuple[str, str, float]] = []
         for through_index in (True, False) if approximate and not self.link.sqlite else (False,):
             hits = await nearest_items(
                 self.link,
                 conditions,
+                scope,
                 query,
                 distance=distance,
                 limit=size,
                 offset=skip,
-                vectors=vectors if through_index else None,
+                approximate=through_index,
             )
             if len(hits) == size:  # else exact: the index's candidates did not fill the page
                 break
@@ -310,10 +311,10 @@ class StoreRepository(Repository):
         if len(hits) == size:
             return scored
         # Past the scored items come those without embeddings (index=False), unscored, newest first.
-        before = skip + len(hits) if hits else await scored_count(self.link, conditions, len(query))
+        before = skip + len(hits) if hits else await scored_count(self.link, conditions, scope, len(query))
         statement = (
             sa.select(*_READ)
-            .where(*conditions, unscored(self.link, len(query)))
+            .where(*conditions, unscored(self.link, scope, len(query)))
             .order_by(_I.c.updated_at.desc(), _I.c.namespace, _I.c.key)
             .limit(size - len(hits))
             .offset(max(0, skip - before))

@@ -83,14 +83,21 @@ def _sized(link: Link, dims: int) -> ColumnElement[bool]:
     return sa.func.vector_dims(_V.c.embedding) == dims
 
 
-def unscored(link: Link, dims: int) -> ColumnElement[bool]:
-    """The item (a row of `STORE_ITEMS`) has no embedding a search of `dims` dimensions scores."""
-    return ~sa.exists().where(_OF_ITEM, _sized(link, dims))
+def unscored(link: Link, scope: Sequence[ColumnElement[bool]], dims: int) -> ColumnElement[bool]:
+    """The item (a row of `STORE_ITEMS`) has no embedding a search of `dims` dimensions scores.
+
+    `scope`: the vectors' own conditions (tenant, agent, namespace prefix),
+    as values: Citus keeps a correlated subquery on one shard only when its
+    table names the agent itself.
+    """
+    return ~sa.exists().where(_OF_ITEM, *scope, _sized(link, dims))
 
 
-async def scored_count(link: Link, where: Sequence[ColumnElement[bool]], dims: int) -> int:
+async def scored_count(
+    link: Link, where: Sequence[ColumnElement[bool]], scope: Sequence[ColumnElement[bool]], dims: int
+) -> int:
     """How many of the items `where` keeps have an embedding of `dims` dimensions."""
-    query = sa.select(sa.func.count()).select_from(_I).where(*where, ~unscored(link, dims))
+    query = sa.select(sa.func.count()).select_from(_I).where(*where, ~unscored(link, scope, dims))
     return int((await link.execute(query)).scalar() or 0)
 
 
@@ -103,34 +110,37 @@ def _score(distance: str, value: float) -> float:
 async def nearest_items(
     link: Link,
     where: Sequence[ColumnElement[bool]],
+    scope: Sequence[ColumnElement[bool]],
     query: list[float],
     *,
     distance: str,
     limit: int,
     offset: int,
-    vectors: Sequence[ColumnElement[bool]] | None = None,
+    approximate: bool = False,
 ) -> list[Hit]:
     """The page `offset:offset+limit` of the items `where` keeps, by their best field's score.
 
-    `where` holds conditions on `STORE_ITEMS` (the tenant and agent first);
-    only vectors of `len(query)` dimensions are compared.  With `vectors`
-    (conditions on `STORE_VECTORS`: the tenant, agent and namespace prefix),
-    on Postgres, the search is approximate (`_approximate`): through the HNSW
-    index `ensure_store_index` built, if there is one.
+    `where` holds conditions on `STORE_ITEMS` (the tenant and agent first),
+    `scope` the same on `STORE_VECTORS` (tenant, agent, namespace prefix);
+    only vectors of `len(query)` dimensions are compared.  `approximate`, on
+    Postgres: through the HNSW index `ensure_store_index` built, if there is
+    one (`_approximate`).
     """
     if link.sqlite:
-        return await _sqlite_nearest(link, where, query, distance=distance, limit=limit, offset=offset)
+        return await _sqlite_nearest(link, where, scope, query, distance=distance, limit=limit, offset=offset)
     dims = len(query)
     column = sa.cast(_V.c.embedding, VECTOR(dims))
     target = sa.cast(sa.bindparam("query", query, type_=VectorType()), VECTOR(dims))
     measured = column.op(_OPERATORS[distance], return_type=sa.Float)(target)
-    if vectors is not None:
-        return await _approximate(link, where, vectors, measured, dims, distance, limit, offset)
+    if approximate:
+        return await _approximate(link, where, scope, measured, dims, distance, limit, offset)
     # Per item kept, its best field: a lateral subquery on the item's own key, so each
     # item's vectors are found by the primary key whatever the planner thinks of the
     # tables' sizes (a join planned on a fresh table's statistics compared every pair).
     best = (
-        sa.select(sa.func.min(measured).label("distance")).where(_OF_ITEM, _sized(link, dims)).lateral("best")
+        sa.select(sa.func.min(measured).label("distance"))
+        .where(_OF_ITEM, *scope, _sized(link, dims))
+        .lateral("best")
     )
     ranked = (
         sa.select(_I.c.namespace, _I.c.key, best.c.distance)
@@ -257,6 +267,7 @@ async def store_index_exists(link: Link, dims: int, distance: str) -> bool:
 async def _sqlite_nearest(
     link: Link,
     where: Sequence[ColumnElement[bool]],
+    scope: Sequence[ColumnElement[bool]],
     query: list[float],
     *,
     distance: str,
@@ -276,7 +287,7 @@ async def _sqlite_nearest(
         statement = (
             sa.select(_V.c.namespace, _V.c.key, _V.c.field, sa.type_coerce(_V.c.embedding, sa.LargeBinary))
             .join(_I, _OF_ITEM)
-            .where(*where, _sized(link, dims))
+            .where(*where, *scope, _sized(link, dims))
             .order_by(_V.c.namespace, _V.c.key, _V.c.field)
             .limit(BATCH)
         )
