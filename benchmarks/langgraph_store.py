@@ -142,6 +142,21 @@ async def _langgraph(where: Store, *, indexed: bool) -> AsyncIterator[tuple[Base
         yield postgres_store, "langgraph-checkpoint-postgres's AsyncPostgresStore"
 
 
+async def _analyze(where: Store) -> None:
+    """ANALYZE both sides' tables (memorm's and LangGraph's) in the store's schema."""
+    connection = await where.raw_postgres()
+    try:
+        tables = await connection.fetch(
+            "SELECT tablename FROM pg_tables WHERE schemaname = $1 AND tablename LIKE ANY ($2)",
+            where.schema,
+            ["graph_store_%", "store%"],
+        )
+        for row in tables:
+            await connection.execute(f'ANALYZE "{where.schema}"."{row[0]}"')
+    finally:
+        await connection.close()
+
+
 def _operations(
     target: BaseStore, rng: random.Random, keys: list[str], *, indexed: bool
 ) -> dict[str, Callable[[], Awaitable[Any]]]:
@@ -186,6 +201,8 @@ async def run(engines: Sequence[str], *, quick: bool = False) -> list[Row]:
                         await target.abatch(
                             [PutOp(NAMESPACE, key, value) for key, value in items[start : start + 100]]
                         )
+                if engine == "postgres":  # statistics for the planner on both sides, as autovacuum keeps them
+                    await _analyze(where)
                 keys = [key for key, _ in items]
                 mine = _operations(ours, random.Random(5), keys, indexed=indexed)
                 other = _operations(theirs, random.Random(5), keys, indexed=indexed)
