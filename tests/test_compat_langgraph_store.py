@@ -283,6 +283,7 @@ async def _plan(db: Database, statement: str, parameters: Any) -> str:
 
 
 @pytest.mark.single_node  # its plain EXPLAIN of the statement is one server's
+@pytest.mark.owner  # CREATE INDEX and ANALYZE: the tables' owner's
 async def test_setup_builds_an_hnsw_index_that_searches_by_query_use(db: Database) -> None:
     words = [
         "alpha",
