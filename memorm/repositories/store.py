@@ -271,7 +271,7 @@ class StoreRepository(Repository):
         their best field's score (`memorm.search.store_vectors`), then the
         items without embeddings, unscored, newest first (as LangGraph's
         in-memory store).  `approximate`: on Postgres, through the HNSW index
-        (`ensure_index`); a page it does not fill is searched again exactly.
+        (`ensure_index`; `memorm.search.store_vectors.nearest_items`).
         """
         size = check_int(limit, "limit", minimum=1, maximum=MAX_PAGE)
         skip = check_int(offset, "offset", minimum=0, maximum=2**62)
@@ -288,20 +288,16 @@ class StoreRepository(Repository):
             )
             return [_item(tuple(row)) for row in await self._execute(statement)]
         scope = [*self._agent(_V, agent_id), *under(_V.c.namespace, prefix)]  # the same, on the vectors
-        hits: builtins.list[tuple[str, str, float]] = []
-        for through_index in (True, False) if approximate and not self.link.sqlite else (False,):
-            hits = await nearest_items(
-                self.link,
-                conditions,
-                scope,
-                query,
-                distance=distance,
-                limit=size,
-                offset=skip,
-                approximate=through_index,
-            )
-            if len(hits) == size:  # else exact: the index's candidates did not fill the page
-                break
+        hits = await nearest_items(
+            self.link,
+            conditions,
+            scope,
+            query,
+            distance=distance,
+            limit=size,
+            offset=skip,
+            approximate=approximate,
+        )
         found = await self.get(agent_id, [(namespace, key) for namespace, key, _ in hits], now=now)
         scored = [
             found[namespace, key]._replace(score=score)

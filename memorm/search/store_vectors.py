@@ -124,7 +124,9 @@ async def nearest_items(
     `scope` the same on `STORE_VECTORS` (tenant, agent, namespace prefix);
     only vectors of `len(query)` dimensions are compared.  `approximate`, on
     Postgres: through the HNSW index `ensure_store_index` built, if there is
-    one (`_approximate`).
+    one (`_approximate`); a page the index's candidates do not fill (a
+    selective filter, a small namespace) is searched again exactly.  SQLite
+    always searches exactly.
     """
     if link.sqlite:
         return await _sqlite_nearest(link, where, scope, query, distance=distance, limit=limit, offset=offset)
@@ -133,7 +135,9 @@ async def nearest_items(
     target = sa.cast(sa.bindparam("query", query, type_=VectorType()), VECTOR(dims))
     measured = column.op(_OPERATORS[distance], return_type=sa.Float)(target)
     if approximate:
-        return await _approximate(link, where, scope, measured, dims, distance, limit, offset)
+        hits = await _approximate(link, where, scope, measured, dims, distance, limit, offset)
+        if len(hits) == limit:
+            return hits
     # Per item kept, its best field: a lateral subquery on the item's own key, so each
     # item's vectors are found by the primary key whatever the planner thinks of the
     # tables' sizes (a join planned on a fresh table's statistics compared every pair).
@@ -157,7 +161,7 @@ async def nearest_items(
 async def _approximate(
     link: Link,
     where: Sequence[ColumnElement[bool]],
-    vectors: Sequence[ColumnElement[bool]],
+    scope: Sequence[ColumnElement[bool]],
     measured: ColumnElement[Any],
     dims: int,
     distance: str,
@@ -171,12 +175,12 @@ async def _approximate(
     `_CANDIDATES` times the page's rows (an item may have several fields,
     and the items' conditions drop some); pgvector's iterative scan (set on
     every connection) goes on until so many pass.  A page it does not fill
-    is the caller's to search exactly.
+    is searched exactly (`nearest_items`).
     """
     want = min((limit + offset) * _CANDIDATES, INT64_MAX)
     near = (
         sa.select(_V.c.namespace, _V.c.key, measured.label("distance"))
-        .where(*vectors, _dims_literal(_V, dims))
+        .where(*scope, _dims_literal(_V, dims))
         .order_by(measured)
         .limit(want)
         .subquery("near")
