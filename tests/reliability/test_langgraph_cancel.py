@@ -36,6 +36,9 @@ from reliability.test_cancellation import KINDS, assert_clean, cancel_after, loo
 pytestmark = [pytest.mark.anyio, pytest.mark.reliability, pytest.mark.long]
 
 ATTEMPTS = 60
+# Calls per attempt, in turn: one SQLite call (~0.3 ms) is shorter than the event loop's
+# timers can aim (epoll waits whole milliseconds), so a deadline would rarely land inside one.
+BURST = 4
 CHANNELS = ("messages", "summary", "scratch", "plan")
 WRITES = 20  # per task
 
@@ -104,14 +107,37 @@ async def _assert_checkpoints_whole(db: Database, saver: MemormSaver, thread: st
     return stored
 
 
-async def _span(*works: Any) -> float:
-    """The shortest time one of `works` took, run in turn (the first warms up)."""
-    spans = []
-    for work in works:
+class Deadlines:
+    """Random deadlines inside the time a call takes, following that time as the machine's load changes.
+
+    Each deadline is drawn from [0, 1.5 times the median of the last calls that finished]: about two
+    thirds land mid-flight whether the machine is idle or busy (a span measured once, idle, let
+    most calls finish first when CI's load made them slower or faster).
+    """
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.finished: list[float] = []
+        self.cancelled = 0
+
+    async def warm_up(self, *works: Any) -> None:
+        """Run `works` in turn, uncancelled, to learn how long a call takes (the first warms up)."""
+        for work in works:
+            started = time.perf_counter()
+            await work()
+            self.finished.append(time.perf_counter() - started)
+        del self.finished[0]
+
+    async def run(self, kind: str, work: Any) -> None:
+        """Run `work` under a random deadline of the `kind` way of cancelling, within 10 s."""
+        recent = sorted(self.finished[-9:])
+        delay = self.rng.uniform(0, recent[len(recent) // 2] * 1.5)
         started = time.perf_counter()
-        await work()
-        spans.append(time.perf_counter() - started)
-    return min(spans)
+        with anyio.fail_after(10):
+            if await cancel_after(kind, delay, work):
+                self.cancelled += 1
+            else:
+                self.finished.append(time.perf_counter() - started)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -120,27 +146,27 @@ async def test_a_cancelled_aput_stores_the_checkpoint_with_all_its_values_or_not
     db: Database, store: Store, kind: str
 ) -> None:
     saver = await _saver(db)
-    rng = random.Random(f"aput-{kind}-{store.engine}")
-    span = await _span(*(lambda n=n: _put(saver, "t", n) for n in range(3)))  # the session is made here
-    finished: set[int] = {0, 1, 2}
-    cancelled = 0
+    deadlines = Deadlines(random.Random(f"aput-{kind}-{store.engine}"))
+    finished: set[int] = set()
 
-    async def put(n: int) -> None:
-        await _put(saver, "t", n)
-        finished.add(n)
+    async def put(n: int) -> None:  # attempt n: checkpoints n * BURST onwards, in turn
+        for m in range(n * BURST, (n + 1) * BURST):
+            await _put(saver, "t", m)
+            finished.add(m)
+
+    await deadlines.warm_up(*(lambda n=n: put(n) for n in range(3)))  # the session is made here
 
     with loop_errors() as errors:
         for n in range(3, ATTEMPTS + 3):
-            with anyio.fail_after(10):
-                cancelled += await cancel_after(kind, rng.uniform(0, span * 1.5), lambda n=n: put(n))
+            await deadlines.run(kind, lambda n=n: put(n))
             assert db.engine.pool.checkedout() == 0
         await settle()
     assert errors == []
-    assert cancelled > ATTEMPTS // 5  # the deadlines did land mid-flight
+    assert deadlines.cancelled > ATTEMPTS // 5  # the deadlines did land mid-flight
     await assert_clean(db, store)
     stored = await _assert_checkpoints_whole(db, saver, "t")
     assert finished <= stored  # every aput that returned is there
-    config = await _put(saver, "t", ATTEMPTS + 3)  # the next call works
+    config = await _put(saver, "t", (ATTEMPTS + 3) * BURST)  # the next call works
     latest = await saver.aget_tuple(_config("t"))
     assert latest is not None
     assert latest.config["configurable"]["checkpoint_id"] == config["configurable"]["checkpoint_id"]
@@ -154,24 +180,22 @@ async def test_a_cancelled_aput_writes_stores_all_of_a_tasks_writes_or_none(
     saver = await _saver(db)
     config = await _put(saver, "t", 1)
     writes = [(f"w{i}", {"i": i, "text": "y" * 500}) for i in range(WRITES)]
-    rng = random.Random(f"writes-{kind}-{store.engine}")
-    span = await _span(*(lambda n=n: saver.aput_writes(config, writes, f"warm-up-{n}") for n in range(3)))
-    finished: set[str] = {"warm-up-0", "warm-up-1", "warm-up-2"}
-    cancelled = 0
+    deadlines = Deadlines(random.Random(f"writes-{kind}-{store.engine}"))
+    finished: set[str] = set()
 
-    async def put_writes(task: str) -> None:
-        await saver.aput_writes(config, writes, task)  # type: ignore[arg-type]
-        finished.add(task)
+    async def put_writes(n: int) -> None:  # attempt n: BURST tasks' writes, in turn
+        for task in (f"task-{n}-{i}" for i in range(BURST)):
+            await saver.aput_writes(config, writes, task)  # type: ignore[arg-type]
+            finished.add(task)
 
+    await deadlines.warm_up(*(lambda n=n: put_writes(n) for n in range(3)))
     with loop_errors() as errors:
-        for n in range(ATTEMPTS):
-            with anyio.fail_after(10):
-                work = lambda n=n: put_writes(f"task-{n}")  # noqa: E731
-                cancelled += await cancel_after(kind, rng.uniform(0, span * 1.5), work)
+        for n in range(3, ATTEMPTS + 3):
+            await deadlines.run(kind, lambda n=n: put_writes(n))
             assert db.engine.pool.checkedout() == 0
         await settle()
     assert errors == []
-    assert cancelled > ATTEMPTS // 5
+    assert deadlines.cancelled > ATTEMPTS // 5
     await assert_clean(db, store)
     counts = dict(await _rows(db, "SELECT task_id, count(*) FROM graph_writes GROUP BY task_id"))
     assert set(counts.values()) == {WRITES}  # whole tasks only
@@ -193,11 +217,11 @@ async def test_cancelled_reads_leave_nothing_behind_and_the_next_read_is_whole(
     for n in range(1, 131):  # two pages of `alist` (100 a page)
         await _put(saver, "t", n, size=2_000 if n < 130 else 30_000)
     newest = _config("t")
-    rng = random.Random(f"reads-{kind}-{store.engine}")
 
     async def read_one() -> None:
-        found = await saver.aget_tuple(newest)  # type: ignore[arg-type]
-        assert found is not None
+        for _ in range(BURST):
+            found = await saver.aget_tuple(newest)  # type: ignore[arg-type]
+            assert found is not None
 
     async def read_all() -> None:
         assert len([item async for item in saver.alist(newest)]) == 130  # type: ignore[arg-type]
@@ -205,11 +229,12 @@ async def test_cancelled_reads_leave_nothing_behind_and_the_next_read_is_whole(
     cancelled = 0
     with loop_errors() as errors:
         for read in (read_one, read_all):
-            span = await _span(read, read, read)
+            deadlines = Deadlines(random.Random(f"reads-{read.__name__}-{kind}-{store.engine}"))
+            await deadlines.warm_up(read, read, read)
             for _ in range(ATTEMPTS // 2):
-                with anyio.fail_after(10):
-                    cancelled += await cancel_after(kind, rng.uniform(0, span * 1.5), read)
+                await deadlines.run(kind, read)
                 assert db.engine.pool.checkedout() == 0
+            cancelled += deadlines.cancelled
         await settle()
     assert errors == []
     assert cancelled > ATTEMPTS // 5
