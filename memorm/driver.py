@@ -106,13 +106,20 @@ async def insert_rows(
     await insert_many(link, [Insert(table, columns, rows, on_conflict)])
 
 
-async def insert_many(link: Link, inserts: Sequence[Insert]) -> None:
-    """`insert_rows` for several tables, in order; on SQLite in one trip to aiosqlite's thread."""
+async def insert_many(
+    link: Link, inserts: Sequence[Insert], *, first: tuple[Any, dict[str, Any]] | None = None
+) -> None:
+    """`insert_rows` for several tables, in order; on SQLite in one trip to aiosqlite's thread.
+
+    `first`: a statement (as `fetch` takes it) and its parameters, run before the
+    inserts in the same call (a delete of what the rows replace, say).
+    """
     inserts = [insert for insert in inserts if insert.rows]
-    if not inserts:
+    if not inserts and first is None:
         return
     check_writable(link)
     dialect = link.dialect
+    before = None if first is None else _bound(link, *first)
     async with guarded(link):
         prepared = []
         for table, columns, rows, on_conflict, keep in inserts:
@@ -120,16 +127,23 @@ async def insert_many(link: Link, inserts: Sequence[Insert]) -> None:
             records = _convert(_processors(dialect, table, names), rows, sources)
             sql = _insert_sql(dialect, table, names, on_conflict, keep)
             prepared.append((table, names, records, sql, on_conflict))
+        statements: list[Statement] = [] if before is None else [(before[0], before[1], False)]
+        statements += [(sql, records, True) for _, _, records, sql, _ in prepared]
         if link.sqlite:  # the BEGIN, if one is due, goes along (see _sqlite_run)
             if WATCHERS:
                 if link.needs_begin:
                     sent(link, "BEGIN IMMEDIATE")
-                for _, _, records, sql, _ in prepared:
-                    sent(link, sql, records)
-            await _sqlite_run(link, [(sql, records, True) for _, _, records, sql, _ in prepared])
+                for sql, values, _ in statements:
+                    sent(link, sql, values)
+            await _sqlite_run(link, statements)
             return
-        await link.ready()
+        if not link.commits_alone(len(statements)):
+            await link.ready()
         driver = link.driver
+        if before is not None:
+            if WATCHERS:
+                sent(link, before[0], before[1])
+            await driver.execute(before[0], *before[1])
         for table, names, records, sql, on_conflict in prepared:
             # A unit of work that sets its tenant runs under row-level security, and Postgres
             # refuses COPY FROM to a table with row-level security.  COPY knows no conflicts.
@@ -242,9 +256,7 @@ async def fetch(link: Link, statement: Any, params: dict[str, Any]) -> list[tupl
     bind and result processors, so it must not be built anew per call.  It
     runs in the unit of work's transaction (begun first, if need be).
     """
-    sql, names, binds, defaults, results = _compiled(link.dialect, statement)
-    given = (params[n] if n in params else defaults[n] for n in names)  # e.g. SQLite's implicit OFFSET 0
-    values = [v if p is None or v is None else p(v) for p, v in zip(binds, given, strict=True)]
+    sql, values, results = _bound(link, statement, params)
     if link.sqlite:
         if WATCHERS:
             if link.needs_begin:  # it goes along (see _sqlite_run)
@@ -252,13 +264,24 @@ async def fetch(link: Link, statement: Any, params: dict[str, Any]) -> list[tupl
             sent(link, sql, values)
         rows = await _sqlite_run(link, [(sql, values, False)])
     else:
-        await link.ready()
+        if not link.commits_alone():
+            await link.ready()
         if WATCHERS:
             sent(link, sql, values)
         rows = await link.driver.fetch(sql, *values)
     if not any(results):
         return [tuple(row) for row in rows]
     return _decode(rows, results)
+
+
+def _bound(
+    link: Link, statement: Any, params: dict[str, Any]
+) -> tuple[str, list[Any], tuple[Decoder | None, ...]]:
+    """`statement`'s SQL (compiled once per dialect), `params` as driver values, its rows' decoders."""
+    sql, names, binds, defaults, results = _compiled(link.dialect, statement)
+    given = (params[n] if n in params else defaults[n] for n in names)  # e.g. SQLite's implicit OFFSET 0
+    values = [v if p is None or v is None else p(v) for p, v in zip(binds, given, strict=True)]
+    return sql, values, results
 
 
 Statement = tuple[str, Sequence[Any], bool]  # SQL, its values, and whether once per row of them
@@ -270,22 +293,30 @@ async def _sqlite_run(link: Link, statements: Sequence[Statement]) -> list[Any]:
     aiosqlite runs each call in its connection's thread, a hop that costs
     more than a short statement itself; a unit of work's first statement
     takes its `BEGIN IMMEDIATE` along (through aiosqlite's own queue of
-    calls).  Returns the last statement's rows (none if run once per row).
+    calls), and a one-statement unit of work's call its `COMMIT` too
+    (`Link.commits_alone`).  Returns the last statement's rows (none if run
+    once per row).
     """
     driver = link.driver
+    commit = link.commits_alone()
     begin = link.needs_begin
     if begin:
         link.begun = True
     try:
-        return list(await driver._execute(_run, driver, statements, begin))
+        rows = list(await driver._execute(_run, driver, statements, begin, commit))
     except BaseException:
-        if begin:
+        if begin or commit:
             link.begun = bool(driver.in_transaction)
         raise
+    if commit:
+        link.begun = False
+        if WATCHERS:
+            sent(link, "COMMIT")
+    return rows
 
 
-def _run(driver: Any, statements: Sequence[Statement], begin: bool) -> list[Any]:
-    """In aiosqlite's thread: begin the writer's transaction if `begin`, then run the statements."""
+def _run(driver: Any, statements: Sequence[Statement], begin: bool, commit: bool) -> list[Any]:
+    """In aiosqlite's thread: `BEGIN IMMEDIATE` if `begin`, the statements, `COMMIT` if `commit`."""
     connection = driver._conn
     if begin:
         connection.execute("BEGIN IMMEDIATE")
@@ -296,6 +327,8 @@ def _run(driver: Any, statements: Sequence[Statement], begin: bool) -> list[Any]
             rows = []
         else:
             rows = connection.execute(sql, values).fetchall()
+    if commit:
+        connection.execute("COMMIT")
     return rows
 
 

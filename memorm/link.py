@@ -21,6 +21,15 @@ begin it through the connection's `begin` event):
 * Postgres under row-level security: `BEGIN` (`READ ONLY` for readers) and
   the tenant's setting, in one round trip (`memorm.tenancy`).
 
+**A unit of work of one statement** (`one_statement`: a promise made by
+memorm's own callers, a LangGraph checkpoint or a task's writes) commits with
+that statement: on SQLite its `BEGIN IMMEDIATE`, the statement and the
+`COMMIT` go in one hop to aiosqlite's thread; on Postgres (outside row-level
+security, whose tenant setting needs a transaction) the statement runs alone,
+atomic by itself (an `executemany` too: asyncpg sends its rows under one
+Sync), with no `BEGIN` or `COMMIT` round trip.  A second statement is a bug,
+refused (`RuntimeError`) before it is sent.
+
 `info` holds the unit of work's state (read-only, tenant, failure,
 interruption, routes, archive writes): the repositories, the error
 translation (`memorm.translate`) and the ORM session (whose `info` is this
@@ -63,6 +72,7 @@ class Link:
         read_only: bool,
         tenant_setting: str | None = None,
         distributed: bool = False,
+        one_statement: bool = False,
     ) -> None:
         self.engine = engine
         self.pooled = pooled
@@ -79,6 +89,8 @@ class Link:
         # readers only to carry the tenant's setting.
         self._transactional = not read_only or tenant_setting is not None
         self.begun = False
+        self.one_statement = one_statement
+        self._spent = False  # a one-statement unit of work's driver call was made
         if not self.sqlite:
             # SQLAlchemy's asyncpg adapter must never begin a transaction of its
             # own: the link's is the one (undone when the connection goes back).
@@ -121,6 +133,22 @@ class Link:
     def needs_begin(self) -> bool:
         """Whether the next statement must begin the transaction first."""
         return self._transactional and not self.begun
+
+    def commits_alone(self, statements: int = 1) -> bool:
+        """Whether the next driver call (of `statements` statements) commits by itself.
+
+        Only in a one-statement unit of work, whose one driver call it is (a
+        second is refused, on every engine): on SQLite the call takes its
+        `BEGIN` (if due) and `COMMIT` along (`memorm.driver`); on Postgres a
+        lone statement runs without them, where no transaction is open and no
+        tenant setting needs one (else the unit of work commits as usual).
+        """
+        if not self.one_statement:
+            return False
+        if self._spent:
+            raise RuntimeError("a one-statement unit of work sent a second statement")
+        self._spent = True
+        return self.sqlite or (statements == 1 and self._tenant is None and not self.begun)
 
     async def ready(self) -> None:
         """Begin the transaction, if this unit of work needs one and has none yet."""

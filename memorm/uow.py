@@ -79,10 +79,20 @@ class UnitOfWork:
     checkpoints: CheckpointRepository
     graph_store: StoreRepository
 
-    def __init__(self, db: Database, *, tenant: str | None = DEFAULT_TENANT, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        tenant: str | None = DEFAULT_TENANT,
+        read_only: bool = False,
+        one_statement: bool = False,
+    ) -> None:
         self.db = db
         self.tenant = tenant  # None: all tenants (maintenance)
         self.read_only = read_only
+        # memorm's own promise that the unit of work sends one statement, which
+        # commits with it (`memorm.link`): no BEGIN/COMMIT round trips of its own.
+        self.one_statement = one_statement
         self._open = False
         self._writer: CrossLoopLock | None = None
         self._pooled: PoolProxiedConnection | None = None  # checked out, not yet in a link
@@ -202,6 +212,7 @@ class UnitOfWork:
             read_only=self.read_only,
             tenant_setting=tenant_setting,
             distributed=db.distributed,
+            one_statement=self.one_statement,
         )
         tenant = self.tenant
         self.agents = AgentRepository(link, tenant)

@@ -69,3 +69,18 @@ async def open_connections(store: Store, application: str, *, settled: int | Non
                 return count
             await anyio.sleep(0.01)
     return count
+
+
+def count_sqlite_hops(monkeypatch: Any) -> list[Any]:
+    """The calls made in aiosqlite connections' threads from now on (each a hop there and back)."""
+    import aiosqlite
+
+    hops: list[Any] = []
+    run = aiosqlite.Connection._execute
+
+    async def counted(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        hops.append(fn)
+        return await run(self, fn, *args, **kwargs)
+
+    monkeypatch.setattr(aiosqlite.Connection, "_execute", counted)
+    return hops

@@ -10,13 +10,18 @@ import anyio
 import pytest
 import sqlalchemy as sa
 from conftest import Store
+from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
+from probes import count_sqlite_hops
 from typing_extensions import TypedDict
 
 from memorm import Database, NotFoundError, ValidationError
 from memorm.compat.langgraph import MemormSaver
+from memorm.repositories.checkpoints import CheckpointKey, StoredWrite
+from memorm.testing import capture_statements
+from memorm.uow import UnitOfWork
 
 pytestmark = pytest.mark.anyio
 
@@ -299,3 +304,70 @@ async def test_delete_tenant_counts_the_graph_state_and_leaves_another_tenants_t
     assert done == {"steps": ["count", "asked:yes", "double"], "count": 6}
     finished = await counter().compile(checkpointer=savers["globex"]).aget_state(thread("done"))
     assert finished.values == {"steps": ["count", "double"], "count": 4}
+
+
+async def test_a_known_threads_graph_step_commits_each_call_with_its_statement(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`aput` and `aput_writes` on a thread whose session is known: no BEGIN/COMMIT trips of their own.
+
+    On SQLite each call's BEGIN, inserts and COMMIT go to aiosqlite's thread in one
+    hop; on Postgres each call is one statement, atomic by itself (two inserts on
+    Citus, each routed to the session's shard; under row-level security the tenant's
+    setting needs a transaction).
+    """
+    saver = MemormSaver(db, agent=await _agent(db))
+    config = await saver.aput(thread("step"), _checkpoint(1), {"step": 1}, {"count": "1"})
+    hops = count_sqlite_hops(monkeypatch)
+    with capture_statements(db) as sent:
+        config = await saver.aput(config, _checkpoint(2), {"step": 2}, {"count": "2"})
+        await saver.aput_writes(config, [("count", 3), ("steps", ["x"])], "task")
+    monkeypatch.undo()
+    kinds = [sql.split()[0].upper() for sql, _ in sent]
+    if db.dialect == "sqlite":
+        assert kinds == ["BEGIN", "INSERT", "INSERT", "COMMIT", "BEGIN", "INSERT", "COMMIT"]
+        assert len(hops) == 2
+    elif not db.bypasses_rls:  # each call in a transaction that sets the tenant
+        assert kinds.count("BEGIN") == kinds.count("COMMIT") == 2
+        assert [kind for kind in kinds if kind in ("WITH", "INSERT")] == ["WITH", "INSERT"]
+    elif db.distributed:
+        assert kinds == ["BEGIN", "INSERT", "INSERT", "COMMIT", "INSERT"]
+    else:
+        assert kinds == ["WITH", "INSERT"]  # the values' insert rides along the checkpoint's
+    found = await saver.aget_tuple(config)
+    assert found is not None
+    assert found.checkpoint["channel_values"] == {"count": 2}
+    assert sorted((channel, value) for _, channel, value in found.pending_writes or []) == [
+        ("count", 3),
+        ("steps", ["x"]),
+    ]
+    assert found.parent_config is not None
+    assert found.parent_config["configurable"]["checkpoint_id"] == _checkpoint(1)["id"]
+
+
+async def test_a_one_statement_unit_of_work_refuses_a_second_statement(db: Database) -> None:
+    saver = MemormSaver(db, agent=await _agent(db))
+    config = await saver.aput(thread("one"), _checkpoint(1), {}, {"count": "1"})
+    found = await saver.aget_tuple(config)
+    assert found is not None
+    session = found.config["configurable"]["thread_id"]
+    async with db.unit_of_work(read_only=True) as uow:
+        chat = await uow.sessions.get_by_key(saver.agent_id, session)
+    assert chat is not None
+    key = CheckpointKey(chat.id, "", _checkpoint(1)["id"])
+    write = StoredWrite("task", "count", ("json", b"1"), "", 0)
+    async with UnitOfWork(db, tenant=db.tenant, one_statement=True) as uow:
+        await uow.checkpoints.put_writes(saver.agent_id, key, [write], replace=False)
+        with pytest.raises(RuntimeError, match="second statement"):
+            await uow.checkpoints.put_writes(saver.agent_id, key, [write._replace(idx=1)], replace=False)
+    async with db.unit_of_work(read_only=True) as uow:
+        rows = await uow.session.execute(sa.text("SELECT idx FROM graph_writes WHERE task_id = 'task'"))
+        assert [row[0] for row in rows] == [0]
+
+
+def _checkpoint(n: int) -> Any:
+    checkpoint = empty_checkpoint()
+    checkpoint["id"] = f"{n:08}"
+    checkpoint["channel_values"] = {"count": n}
+    checkpoint["channel_versions"] = {"count": str(n)}
+    return checkpoint

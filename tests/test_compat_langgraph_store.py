@@ -14,9 +14,10 @@ import sqlalchemy as sa
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.store.base import BaseStore, GetOp, InvalidNamespaceError, PutOp, SearchOp
+from probes import count_sqlite_hops
 from typing_extensions import TypedDict
 
-from memorm import Database, ValidationError
+from memorm import Database, NotFoundError, ValidationError
 from memorm.compat.langgraph import MemormSaver, MemormStore
 from memorm.models import STORE_ITEMS, STORE_VECTORS
 from memorm.testing import capture_statements
@@ -83,6 +84,39 @@ async def test_put_get_search_delete_round_trip(db: Database) -> None:
     assert await store.alist_namespaces(max_depth=1) == [("users",)]
     await store.adelete(("users", "42"), "food")
     assert await store.aget(("users", "42"), "food") is None
+
+
+async def test_an_aput_is_one_call_that_commits_itself_and_replaces_the_items_embeddings(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lone `aput`: on SQLite one hop (BEGIN, delete, insert, COMMIT); on Postgres one statement.
+
+    With an embedding, Postgres sends the delete and the inserts in a transaction (on
+    Citus, or under row-level security, every put does).
+    """
+    store = MemormStore(db, agent=await _agent(db), index={"dims": DIMS, "embed": embed, "fields": ["a"]})
+    await store.aput(("zoo",), "pet", {"a": "cat"})
+    hops = count_sqlite_hops(monkeypatch)
+    with capture_statements(db) as sent:
+        await store.aput(("zoo",), "pet", {"b": "no text to embed"})
+    kinds = [sql.split()[0].upper() for sql, _ in sent]
+    if db.dialect == "sqlite":
+        assert kinds == ["BEGIN", "DELETE", "INSERT", "COMMIT"]
+        assert len(hops) == 1
+    elif db.bypasses_rls and not db.distributed:
+        assert kinds == ["WITH"]  # the old embeddings' delete rides along the item's upsert
+    else:
+        assert kinds.count("BEGIN") == kinds.count("COMMIT") == 1
+    assert await _rows(db, STORE_VECTORS) == 0  # "cat"'s embedding went with the value it embedded
+    with capture_statements(db) as sent:
+        await store.aput(("zoo",), "pet", {"a": "dog"})
+    if db.dialect == "postgresql":
+        assert [sql.split()[0].upper() for sql, _ in sent].count("BEGIN") == 1
+    assert await _rows(db, STORE_VECTORS) == 1
+    assert [item.key for item in await store.asearch(("zoo",), query="dog")] == ["pet"]
+    gone = MemormStore(db, agent=uuid.uuid4())
+    with pytest.raises(NotFoundError, match="no agent"):
+        await gone.aput(("zoo",), "pet", {"a": "cat"})
 
 
 async def test_filters_compare_values_of_the_same_json_type(db: Database) -> None:

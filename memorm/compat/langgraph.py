@@ -558,8 +558,10 @@ class MemormSaver(BaseCheckpointSaver[str]):
         of work, the session looked up anew.
         """
         known = self._sessions.get(key)
+        # Known, with no expiry to move: the write is the unit of work's one statement.
+        alone = known is not None and self.ttl is None
         try:
-            async with db.unit_of_work() as uow:
+            async with UnitOfWork(db, tenant=db.tenant, one_statement=alone) as uow:
                 session = await self._session(uow, key, known)
                 await write(uow, session)
         except NotFoundError:

@@ -290,7 +290,10 @@ class MemormStore(BaseStore):
         now = utcnow()
         results: list[Result] = [None] * len(ops)
         refresh: list[StoredItem] = []
-        async with db.unit_of_work(read_only=not puts) as uow:
+        # One item stored (the common `aput`): the put's one driver call commits with it.
+        alone = len(checked) == 1 and isinstance(checked[0], _Put) and isinstance(checked[0].item, NewItem)
+        unit = UnitOfWork(db, tenant=db.tenant, one_statement=True) if alone else None
+        async with unit or db.unit_of_work(read_only=not puts) as uow:
             for position, op in enumerate(checked):
                 if not isinstance(op, _Put):
                     results[position] = await self._read(uow, op, queries.get(id(op)), now, refresh)

@@ -16,12 +16,14 @@ from functools import cache
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql import ColumnElement
 
 from memorm.driver import Insert, fetch, insert_many, insert_rows
 from memorm.models import CHECKPOINT_BLOBS, CHECKPOINT_TABLES, CHECKPOINT_WRITES, CHECKPOINTS, SESSIONS
 from memorm.repositories.base import Repository
 from memorm.search.filters import json_key_conditions
+from memorm.translate import check_writable, guarded
 from memorm.types import UUIDType, utcnow
 from memorm.validation import MAX_PAGE, as_uuid, check_int, check_json_object, check_name
 
@@ -185,6 +187,41 @@ def _blobs_of(size: int) -> sa.Select[Any]:
     )
 
 
+def _put_in_one() -> Any:
+    """A checkpoint and its new channel values in one statement (Postgres; see `CheckpointRepository.put`).
+
+    The values come as arrays, one per column, unnested into an insert that
+    keeps a value stored already; the checkpoint's own upsert follows it.
+    """
+
+    def scalar(table: sa.Table, name: str) -> Any:
+        return sa.bindparam(name, type_=table.c[name].type)
+
+    arrays = [
+        sa.bindparam(f"{name}s", type_=postgresql.ARRAY(CHECKPOINT_BLOBS.c[name].type))
+        for name in ("channel", "version", "value_type", "value")
+    ]
+    new = sa.func.unnest(*arrays).table_valued("channel", "version", "value_type", "value").render_derived()
+    blobs = (
+        postgresql.insert(CHECKPOINT_BLOBS)
+        .from_select(
+            list(_BLOB_COLUMNS),
+            sa.select(*(scalar(CHECKPOINT_BLOBS, name) for name in _SCOPE), *new.c),
+        )
+        .on_conflict_do_nothing()
+        .cte("new_blobs")
+    )
+    checkpoint = postgresql.insert(CHECKPOINTS).values(
+        {name: scalar(CHECKPOINTS, name) for name in _CHECKPOINT_COLUMNS}
+    )
+    key = [column.name for column in CHECKPOINTS.primary_key.columns]
+    replaced = {name: checkpoint.excluded[name] for name in _CHECKPOINT_COLUMNS if name not in key}
+    return checkpoint.on_conflict_do_update(index_elements=key, set_=replaced).add_cte(blobs)
+
+
+_PUT_IN_ONE = _put_in_one()
+
+
 def _stored(row: Any) -> StoredCheckpoint:
     session, ns, checkpoint, parent, kind, value, meta, key = row
     return StoredCheckpoint(CheckpointKey(session, ns, checkpoint), parent, (kind, value), meta, key)
@@ -221,6 +258,17 @@ class CheckpointRepository(Repository):
         kind, value = checkpoint.value
         meta = check_json_object(checkpoint.meta, "metadata")
         row = (owner, agent, session, ns, checkpoint_id, checkpoint.parent_checkpoint_id, kind, value, meta)
+        if not self.link.sqlite and not self._distributed:
+            # One statement, one round trip (a graph step's; alone, it needs no BEGIN/COMMIT).
+            # On Citus the two inserts stay apart: each routes to the session's shard.
+            params: dict[str, Any] = dict(zip(_CHECKPOINT_COLUMNS, (*row, utcnow()), strict=True))
+            columns = list(zip(*blobs, strict=True)) or [(), ()]
+            values = list(zip(*blobs.values(), strict=True)) or [(), ()]
+            params.update(channels=columns[0], versions=columns[1], value_types=values[0], values=values[1])
+            check_writable(self.link)
+            async with guarded(self.link):
+                await fetch(self.link, _PUT_IN_ONE, params)
+            return
         await insert_many(
             self.link,
             [

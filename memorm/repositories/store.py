@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql import ColumnElement
 
 from memorm.driver import Insert, fetch, insert_many
@@ -62,6 +63,21 @@ def _one(table: sa.Table) -> list[ColumnElement[bool]]:
 
 
 _DELETE_VECTORS_OF = sa.delete(_V).where(*_one(_V))  # one item's embeddings
+
+
+def _put_one() -> Any:
+    """One item without embeddings stored, its old ones dropped: one statement (Postgres)."""
+    parameter = {"agent_id": "agent", "created_at": "now", "updated_at": "now"}
+    item = postgresql.insert(_I).values(
+        {name: sa.bindparam(parameter.get(name, name), type_=_I.c[name].type) for name in _ITEM_COLUMNS}
+    )
+    key = [column.name for column in _I.primary_key.columns]
+    replaced = {name: item.excluded[name] for name in _ITEM_COLUMNS if name not in (*key, "created_at")}
+    gone = sa.delete(_V).where(*_one(_V)).cte("gone")
+    return item.on_conflict_do_update(index_elements=key, set_=replaced).add_cte(gone)
+
+
+_PUT_ONE = _put_one()
 _GET_ONE = sa.select(*_READ).where(  # one item, if live at :now
     *_one(_I),
     sa.or_(_I.c.expires_at.is_(None), _I.c.expires_at > sa.bindparam("now", type_=_I.c.expires_at.type)),
@@ -174,7 +190,29 @@ class StoreRepository(Repository):
         if not items:
             return
         owner, agent = self._owner, as_uuid(agent_id, "agent_id")
-        await self._delete_vectors(agent, [(item.namespace, item.key) for item in items])
+        first = items[0]
+        if len(items) == 1 and not first.vectors and not self.link.sqlite and not self._distributed:
+            # One statement, one round trip (alone in its unit of work: no BEGIN/COMMIT either).
+            params = {
+                "tenant": owner,
+                "agent": agent,
+                "namespace": first.namespace,
+                "key": first.key,
+                "value": first.value,
+                "now": now,
+                "expires_at": _expiry(now, first.ttl_minutes),
+                "ttl_minutes": first.ttl_minutes,
+            }
+            check_writable(self.link)
+            try:
+                async with guarded(self.link):
+                    await fetch(self.link, _PUT_ONE, params)
+            except NotFoundError as error:  # the item's one foreign key: its agent
+                raise NotFoundError(f"no agent {agent}") from error
+            return
+        pairs = sorted({(item.namespace, item.key) for item in items})
+        if len(pairs) > 1:
+            await self._delete_vectors(agent, pairs)
         rows = [
             (
                 owner,
@@ -194,6 +232,8 @@ class StoreRepository(Repository):
             for item in items
             for field, vector in (item.vectors or {}).items()
         ]
+        # One item's old embeddings are deleted in the inserts' own call (on SQLite, one hop).
+        drop = None if len(pairs) > 1 else (_DELETE_VECTORS_OF, self._one_item(agent, *pairs[0]))
         try:
             await insert_many(
                 self.link,
@@ -201,18 +241,21 @@ class StoreRepository(Repository):
                     Insert(_I, _ITEM_COLUMNS, rows, "update", keep=("created_at",)),
                     Insert(_V, _VECTOR_COLUMNS, vectors, "update"),
                 ],
+                first=drop,
             )
         except NotFoundError as error:  # the items' one foreign key: their agent
             raise NotFoundError(f"no agent {agent}") from error
 
+    def _one_item(self, agent: uuid.UUID, namespace: str, key: str) -> dict[str, Any]:
+        """The parameters of `_one`: one item of the agent's."""
+        return {"tenant": self._owner, "agent": agent, "namespace": namespace, "key": key}
+
     async def _delete_vectors(self, agent: uuid.UUID, pairs: Sequence[tuple[str, str]]) -> None:
         unique = sorted(set(pairs))
-        if len(unique) == 1:  # one put: the statement built once
+        if len(unique) == 1:  # one item: the statement built once
             check_writable(self.link)
-            namespace, key = unique[0]
-            params = {"tenant": self._owner, "agent": agent, "namespace": namespace, "key": key}
             async with guarded(self.link):
-                await fetch(self.link, _DELETE_VECTORS_OF, params)
+                await fetch(self.link, _DELETE_VECTORS_OF, self._one_item(agent, *unique[0]))
             return
         for start in range(0, len(unique), _KEYS_PER_STATEMENT):
             batch = unique[start : start + _KEYS_PER_STATEMENT]
