@@ -11,6 +11,8 @@ from typing import Annotated, Any
 import anyio
 import pytest
 import sqlalchemy as sa
+from hypothesis import given
+from hypothesis import strategies as st
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.store.base import BaseStore, GetOp, InvalidNamespaceError, PutOp, SearchOp
@@ -149,6 +151,102 @@ async def test_filters_compare_values_of_the_same_json_type(db: Database) -> Non
     with pytest.raises(ValidationError):  # checked before the batch runs: its put never happens
         await store.abatch([PutOp(("f",), "new", {"n": 9}), SearchOp(("f",), filter={"n": {"$in": [1]}})])
     assert await store.aget(("f",), "new") is None
+
+
+FILTERED = {  # items for the filter property: every JSON type under "n", strings under "s"
+    "i1": {"n": 1, "s": "a"},
+    "i2": {"n": 2, "s": "b"},
+    "f1": {"n": 1.0, "s": "apple"},
+    "f25": {"n": 2.5, "s": "3"},
+    "neg": {"n": -3, "s": "c"},
+    "s3": {"n": "3"},
+    "sa": {"n": "a", "s": "a"},
+    "t": {"n": True, "s": "b"},
+    "f": {"n": False},
+    "null": {"n": None, "s": None},
+    "list": {"n": [1, 2], "s": ["a"]},
+    "obj": {"n": {"k": 1}},
+    "none": {"other": 0},
+}
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 3),
+    st.sampled_from([1.0, 2.5]),
+    st.sampled_from(["a", "b", "3"]),
+)
+_ORDERED = st.one_of(st.integers(-4, 4), st.sampled_from([1.5, 2.5, "3", "a", "apple", "b", "c"]))
+_CONDITIONS = st.one_of(
+    _SCALARS,
+    st.sampled_from([[1, 2], ["a"], {"k": 1}]),
+    st.dictionaries(st.sampled_from(["$eq", "$ne"]), _SCALARS, min_size=1, max_size=2),
+    st.dictionaries(st.sampled_from(["$gt", "$gte", "$lt", "$lte"]), _ORDERED, min_size=1, max_size=2),
+)
+
+
+def _json_equal(have: Any, want: Any) -> bool:
+    """JSON equality: values of one JSON type (True is not 1; 1 is 1.0)."""
+
+    def kind(value: Any) -> str:
+        if isinstance(value, bool) or value is None:
+            return repr(value)
+        return "number" if isinstance(value, (int, float)) else type(value).__name__
+
+    return kind(have) == kind(want) and have == want
+
+
+def _holds(value: dict[str, Any], where: dict[str, Any]) -> bool:
+    """The store's filter semantics, in Python: the oracle."""
+    compare = {"$gt": operator.gt, "$gte": operator.ge, "$lt": operator.lt, "$lte": operator.le}
+    for key, condition in where.items():
+        tests = (
+            condition.items()
+            if isinstance(condition, dict) and "$" in "".join(condition)
+            else [("$eq", condition)]
+        )
+        for name, operand in tests:
+            present, have = key in value, value.get(key)
+            if name == "$eq" and not (present and _json_equal(have, operand)):
+                return False
+            if name == "$ne" and present and _json_equal(have, operand):
+                return False
+            if name in compare:
+                number = not isinstance(operand, str)
+                same = (
+                    isinstance(have, (int, float)) and not isinstance(have, bool)
+                    if number
+                    else isinstance(have, str)
+                )
+                if not (present and same and compare[name](have, operand)):
+                    return False
+    return True
+
+
+@given(where=st.dictionaries(st.sampled_from(["n", "s"]), _CONDITIONS, min_size=1, max_size=2))
+async def test_filters_find_what_the_python_oracle_finds(db: Database, where: dict[str, Any]) -> None:
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.get_by_name("filters")
+        made = agent is None
+        if agent is None:
+            agent = await uow.agents.create("filters")
+    store = MemormStore(db, agent=agent.id)
+    if made:
+        for key, value in FILTERED.items():
+            await store.aput(("f",), key, value)
+    found = {item.key for item in await store.asearch(("f",), filter=where, limit=100)}
+    assert found == {key for key, value in FILTERED.items() if _holds(value, where)}
+
+
+async def test_searches_of_one_filter_shape_send_one_statement_text(db: Database) -> None:
+    store = MemormStore(db, agent=await _agent(db))
+    await store.aput(("p", "q"), "k", {"color": "red", "size": 3})
+    with capture_statements(db) as sent:
+        assert len(await store.asearch(("p",), filter={"color": "red"})) == 1
+        assert await store.asearch(("p",), filter={"shape": "round"}) == []
+        assert len(await store.asearch(("p", "q"), filter={"size": {"$gt": 2}})) == 1
+    first, second, third = (sql for sql, _ in sent if "graph_store_items" in sql)  # (not the tenant's)
+    assert first == second  # built and compiled once for this shape, whatever the keys and values
+    assert third != first
 
 
 async def test_two_tenants_stores_never_see_each_other(db: Database) -> None:

@@ -14,6 +14,7 @@ import math
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -24,7 +25,7 @@ from memorm.driver import Insert, fetch, insert_many
 from memorm.errors import NotFoundError, ValidationError
 from memorm.models import STORE_ITEMS, STORE_VECTORS
 from memorm.repositories.base import Repository
-from memorm.search.filters import json_value_conditions
+from memorm.search.filters import ValueShape, json_value_conditions, shaped_conditions, value_filter
 from memorm.search.store_vectors import (
     ensure_store_index,
     nearest_items,
@@ -78,10 +79,8 @@ def _put_one() -> Any:
 
 
 _PUT_ONE = _put_one()
-_GET_ONE = sa.select(*_READ).where(  # one item, if live at :now
-    *_one(_I),
-    sa.or_(_I.c.expires_at.is_(None), _I.c.expires_at > sa.bindparam("now", type_=_I.c.expires_at.type)),
-)
+_LIVE = sa.or_(_I.c.expires_at.is_(None), _I.c.expires_at > sa.bindparam("now", type_=_I.c.expires_at.type))
+_GET_ONE = sa.select(*_READ).where(*_one(_I), _LIVE)  # one item, if live at :now
 
 
 class StoredItem(NamedTuple):
@@ -133,11 +132,37 @@ def under(column: Any, prefix: str) -> list[ColumnElement[bool]]:
     """
     if not prefix:
         return []
-    return [
-        column >= prefix,
-        column < prefix + "/",
-        sa.or_(column == prefix, column >= prefix + "."),
-    ]
+    return _range(column, prefix, prefix + "/", prefix + ".")
+
+
+def _range(column: Any, prefix: Any, end: Any, below: Any) -> list[ColumnElement[bool]]:
+    return [column >= prefix, column < end, sa.or_(column == prefix, column >= below)]
+
+
+def _under_values(prefix: str) -> dict[str, str]:
+    """The values of `_listing`'s namespace range."""
+    return {"prefix": prefix, "prefix_end": prefix + "/", "prefix_below": prefix + "."}
+
+
+@lru_cache(maxsize=128)
+def _listing(prefixed: bool, shape: ValueShape) -> sa.Select[Any]:
+    """A search without a query, built once per shape (`value_filter`): newest update first, a page.
+
+    The live items of an agent (under a namespace, if `prefixed`) whose
+    values match a filter of that shape; parameters named as
+    `_under_values` and `value_filter` name them, and tenant, agent, now,
+    limit and offset.
+    """
+    conditions = [_I.c.tenant == sa.bindparam("tenant"), _I.c.agent_id == sa.bindparam("agent"), _LIVE]
+    if prefixed:
+        conditions += _range(_I.c.namespace, *map(sa.bindparam, _under_values("").keys()))
+    return (
+        sa.select(*_READ)
+        .where(*conditions, *shaped_conditions(_I.c.value, shape))
+        .order_by(_I.c.updated_at.desc(), _I.c.namespace, _I.c.key)
+        .limit(sa.bindparam("limit", type_=sa.Integer))
+        .offset(sa.bindparam("offset", type_=sa.Integer))
+    )
 
 
 def _item(row: Any, score: float | None = None) -> StoredItem:
@@ -318,18 +343,16 @@ class StoreRepository(Repository):
         """
         size = check_int(limit, "limit", minimum=1, maximum=MAX_PAGE)
         skip = check_int(offset, "offset", minimum=0, maximum=2**62)
+        if query is None:  # a statement built once per filter's shape, sent on the driver
+            shape, values = value_filter(self.link.dialect.name, where, "filter") if where else ((), {})
+            params = {"tenant": self._owner, "agent": as_uuid(agent_id, "agent_id"), "now": now, **values}
+            params.update(_under_values(prefix) if prefix else {}, limit=size, offset=skip)
+            async with guarded(self.link):
+                rows = await fetch(self.link, _listing(bool(prefix), shape), params)
+            return [_item(row) for row in rows]
         conditions = [*self._live(agent_id, now), *under(_I.c.namespace, prefix)]
         if where:
             conditions += json_value_conditions(self.link, _I.c.value, where, "filter")
-        if query is None:
-            statement = (
-                sa.select(*_READ)
-                .where(*conditions)
-                .order_by(_I.c.updated_at.desc(), _I.c.namespace, _I.c.key)
-                .limit(size)
-                .offset(skip)
-            )
-            return [_item(tuple(row)) for row in await self._execute(statement)]
         scope = [*self._agent(_V, agent_id), *under(_V.c.namespace, prefix)]  # the same, on the vectors
         hits = await nearest_items(
             self.link,

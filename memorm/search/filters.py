@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -36,12 +36,15 @@ if TYPE_CHECKING:
 __all__ = [
     "COMPARISONS",
     "Filter",
+    "ValueShape",
     "check_json_keys",
     "check_value_filter",
     "compile_filter",
     "filter_conditions",
     "json_key_conditions",
     "json_value_conditions",
+    "shaped_conditions",
+    "value_filter",
 ]
 
 Filter = Mapping[str, Any]
@@ -66,14 +69,72 @@ def _sqlite_json_type(value: Any) -> tuple[str, ...]:
     return ("text",)
 
 
-def _equals(dialect: str, meta: sa.Column[Any], key: str, value: Any) -> ColumnElement[bool]:
+Bind = Callable[..., Any]
+"""`bind(part, type_=None)`: the bind parameter for one part of a condition's values."""
+
+
+def _equality(dialect: str, key: str, value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The kind of SQL that tests "the JSON object holds `key` with `value`", and its values by part.
+
+    Postgres: containment (`@>`).  SQLite: the value's `json_type` at the
+    key's path, and (but for null, true and false) its `json_extract`;
+    objects and lists compare as their compact JSON text.
+    """
     if dialect == "postgresql":
-        return meta.op("@>")(sa.bindparam(None, {key: value}, type_=JSONType()))
+        return ("contains",), {"value": {key: value}}
     path = f'$."{key}"'
-    kind = sa.func.json_type(meta, path).in_(_sqlite_json_type(value))
+    if isinstance(value, (Mapping, list, tuple)):
+        kind = "object" if isinstance(value, Mapping) else "array"
+        return ("container",), {"path": path, "type0": kind, "value": _compact(value)}
+    types = _sqlite_json_type(value)
+    parts: dict[str, Any] = {"path": path, **{f"type{i}": name for i, name in enumerate(types)}}
     if value is None or isinstance(value, bool):
-        return kind
-    return sa.and_(kind, sa.func.json_extract(meta, path) == value)
+        return ("type", len(types)), parts
+    return ("typed", len(types)), {**parts, "value": value}
+
+
+def _equal_sql(column: sa.Column[Any], kind: tuple[Any, ...], bind: Bind) -> ColumnElement[bool]:
+    """The SQL of an `_equality` of this `kind` on `column`, its values bound by `bind`."""
+    if kind[0] == "contains":
+        return column.op("@>")(bind("value", JSONType()))
+    path = bind("path")
+    if kind[0] == "container":
+        found = sa.func.json_type(column, path) == bind("type0")
+        return sa.and_(found, sa.func.json_extract(column, bind("path")) == bind("value"))
+    found = sa.func.json_type(column, path).in_([bind(f"type{i}") for i in range(kind[1])])
+    if kind[0] == "type":
+        return found
+    return sa.and_(found, sa.func.json_extract(column, bind("path")) == bind("value"))
+
+
+def _ordering(dialect: str, key: str, operator: str, operand: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """`column[key] <operator> operand` for a number or a string (of that JSON type only): kind, values."""
+    number = not isinstance(operand, str)
+    if dialect == "postgresql":
+        return ("order", operator), {"key": key, "type0": "number" if number else "string", "value": operand}
+    types = ("integer", "real") if number else ("text",)
+    parts = {f"type{i}": name for i, name in enumerate(types)}
+    return ("order", operator, len(types)), {"path": f'$."{key}"', **parts, "value": operand}
+
+
+def _ordered_sql(column: sa.Column[Any], kind: tuple[Any, ...], bind: Bind) -> ColumnElement[bool]:
+    operator = kind[1]
+    if len(kind) == 2:  # Postgres
+        found = column.op("->")(bind("key", sa.Text))
+        typed = sa.func.jsonb_typeof(found) == bind("type0")
+        return sa.and_(typed, found.op(operator, is_comparison=True)(bind("value", JSONType())))
+    typed = sa.func.json_type(column, bind("path")).in_([bind(f"type{i}") for i in range(kind[2])])
+    value = sa.func.json_extract(column, bind("path"))
+    return sa.and_(typed, value.op(operator, is_comparison=True)(bind("value")))
+
+
+def _equals(dialect: str, meta: sa.Column[Any], key: str, value: Any) -> ColumnElement[bool]:
+    kind, parts = _equality(dialect, key, value)
+    return _equal_sql(meta, kind, lambda part, type_=None: sa.bindparam(None, parts[part], type_=type_))
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def compile_filter(dialect: str, table: sa.Table, where: Filter | None) -> list[ColumnElement[bool]]:
@@ -130,18 +191,7 @@ def json_key_conditions(
     their compact JSON text on SQLite.  Keys are as meta keys are.
     """
     dialect = link.dialect.name
-    conditions: list[ColumnElement[bool]] = []
-    for key, value in check_json_keys(where, field).items():
-        if not isinstance(value, (Mapping, list, tuple)) or dialect == "postgresql":
-            conditions.append(_equals(dialect, column, key, value))
-            continue
-        path = f'$."{key}"'
-        compact = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-        kind = "object" if isinstance(value, Mapping) else "array"
-        conditions.append(
-            sa.and_(sa.func.json_type(column, path) == kind, sa.func.json_extract(column, path) == compact)
-        )
-    return conditions
+    return [_equals(dialect, column, key, value) for key, value in check_json_keys(where, field).items()]
 
 
 def check_value_filter(where: object, field: str) -> Filter:
@@ -185,39 +235,59 @@ def json_value_conditions(
     type.  Several operators on a key must all hold, as must several keys.
     """
     dialect = link.dialect.name
-    conditions: list[ColumnElement[bool]] = []
+    shape, values = value_filter(dialect, where, field)
+    return shaped_conditions(column, shape, values)
+
+
+ValueShape = tuple[tuple[str, tuple[Any, ...]], ...]
+"""What a `json_value_conditions` filter's SQL looks like, its values left out."""
+
+
+def value_filter(dialect: str, where: object, field: str) -> tuple[ValueShape, dict[str, Any]]:
+    """`where` (checked) as its shape and its values, by parameter name (`filter_0_value`, …).
+
+    Filters of one shape make the same SQL (`shaped_conditions`), whatever
+    their keys and values: a statement built once per shape serves them all.
+    """
+    shape: list[tuple[str, tuple[Any, ...]]] = []
+    values: dict[str, Any] = {}
     for key, condition in check_value_filter(where, field).items():
-        if not _has_operators(condition):
-            conditions += json_key_conditions(link, column, {key: condition}, field)
-            continue
-        for name, operand in condition.items():
-            equal = sa.and_(*json_key_conditions(link, column, {key: operand}, f"{field}.{key}.{name}"))
-            if name == "$eq":
-                conditions.append(equal)
-            elif name == "$ne":
-                conditions.append(sa.not_(sa.func.coalesce(equal, sa.false(), type_=sa.Boolean)))
+        tests = list(condition.items()) if _has_operators(condition) else [("$eq", condition)]
+        for name, operand in tests:
+            if name in _ORDER:
+                kind, parts = _ordering(dialect, key, _ORDER[name], operand)
             else:
-                conditions.append(_ordered(dialect, column, key, _ORDER[name], operand))
+                kind, parts = _equality(dialect, key, operand)
+            prefix = f"filter_{len(shape)}_"
+            values.update({prefix + part: value for part, value in parts.items()})
+            shape.append((name, kind))
+    return tuple(shape), values
+
+
+def shaped_conditions(
+    column: sa.Column[Any], shape: ValueShape, values: Mapping[str, Any] | None = None
+) -> list[ColumnElement[bool]]:
+    """The conditions of a `value_filter` shape on `column`.
+
+    With `values`, they hold them; without, their parameters are named as
+    `value_filter` names the values (for a statement built once per shape).
+    """
+    conditions: list[ColumnElement[bool]] = []
+    for index, (name, kind) in enumerate(shape):
+
+        def bind(part: str, type_: Any = None, prefix: str = f"filter_{index}_") -> Any:
+            if values is None:
+                return sa.bindparam(prefix + part, type_=type_)
+            return sa.bindparam(None, values[prefix + part], type_=type_)
+
+        if name in _ORDER:
+            conditions.append(_ordered_sql(column, kind, bind))
+            continue
+        equal = _equal_sql(column, kind, bind)
+        if name == "$ne":
+            equal = sa.not_(sa.func.coalesce(equal, sa.false(), type_=sa.Boolean))
+        conditions.append(equal)
     return conditions
-
-
-def _ordered(
-    dialect: str, column: sa.Column[Any], key: str, operator: str, operand: Any
-) -> ColumnElement[bool]:
-    """`column[key] <operator> operand` for a number or a string (checked), of the same JSON type only."""
-    number = not isinstance(operand, str)
-    if dialect == "postgresql":
-        found = column.op("->")(sa.bindparam(None, key, type_=sa.Text))
-        kind = sa.func.jsonb_typeof(found) == ("number" if number else "string")
-        bound = sa.bindparam(None, operand, type_=JSONType())
-        return sa.and_(kind, found.op(operator, is_comparison=True)(bound))
-    path = f'$."{key}"'
-    types = ("integer", "real") if number else ("text",)
-    value = sa.func.json_extract(column, path)
-    return sa.and_(
-        sa.func.json_type(column, path).in_(types),
-        value.op(operator, is_comparison=True)(sa.bindparam(None, operand)),
-    )
 
 
 def _check_scalar(value: Any, key: str) -> None:
