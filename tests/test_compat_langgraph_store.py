@@ -391,6 +391,13 @@ async def test_vector_search_ranks_by_the_best_field(db: Database) -> None:
     assert [i.key for i in await store.asearch(("zoo",), query="dog", limit=2)] == ["cat-dog", "fish"]
     fish = await store.asearch(("zoo",), query="fish")
     assert [i.score for i in fish] == [pytest.approx(0.0)] * 3 + [None]  # "plain" has no embedding
+    with capture_statements(db, "graph_store_") as sent:  # a full page: one statement on Postgres
+        found = await store.asearch(("zoo",), query="dog", limit=2, filter={"a": {"$ne": "x"}})
+    assert [(i.key, i.value) for i in found] == [
+        ("cat-dog", {"a": "cat", "b": "dog"}),
+        ("fish", {"a": "dog"}),
+    ]
+    assert len(sent) == (2 if db.dialect == "sqlite" else 1)  # SQLite: the vectors, then their items
 
 
 def _hashed(texts: list[str], dims: int = 16) -> list[list[float]]:

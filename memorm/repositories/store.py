@@ -25,7 +25,7 @@ from memorm.driver import Insert, fetch, insert_many
 from memorm.errors import NotFoundError, ValidationError
 from memorm.models import STORE_ITEMS, STORE_VECTORS
 from memorm.repositories.base import Repository
-from memorm.search.filters import ValueShape, json_value_conditions, shaped_conditions, value_filter
+from memorm.search.filters import ValueShape, shaped_conditions, value_filter
 from memorm.search.store_vectors import (
     ensure_store_index,
     nearest_items,
@@ -145,20 +145,38 @@ def _under_values(prefix: str) -> dict[str, str]:
 
 
 @lru_cache(maxsize=128)
-def _listing(prefixed: bool, shape: ValueShape) -> sa.Select[Any]:
-    """A search without a query, built once per shape (`value_filter`): newest update first, a page.
+def _conditions(
+    prefixed: bool, shape: ValueShape
+) -> tuple[tuple[ColumnElement[bool], ...], tuple[ColumnElement[bool], ...]]:
+    """A search's conditions, built once per shape: on the items, and the same scope on their vectors.
 
     The live items of an agent (under a namespace, if `prefixed`) whose
-    values match a filter of that shape; parameters named as
-    `_under_values` and `value_filter` name them, and tenant, agent, now,
-    limit and offset.
+    values match a filter of that shape (`value_filter`), with named
+    parameters: tenant, agent and now, those `_under_values` names and
+    those `value_filter` names.
     """
-    conditions = [_I.c.tenant == sa.bindparam("tenant"), _I.c.agent_id == sa.bindparam("agent"), _LIVE]
+    named: list[Any] = [sa.bindparam(name) for name in _under_values("")]
+    items: tuple[ColumnElement[bool], ...] = (
+        _I.c.tenant == sa.bindparam("tenant"),
+        _I.c.agent_id == sa.bindparam("agent"),
+        _LIVE,
+    )
+    vectors: tuple[ColumnElement[bool], ...] = (
+        _V.c.tenant == sa.bindparam("tenant"),
+        _V.c.agent_id == sa.bindparam("agent"),
+    )
     if prefixed:
-        conditions += _range(_I.c.namespace, *map(sa.bindparam, _under_values("").keys()))
+        items += (*_range(_I.c.namespace, *named),)
+        vectors += (*_range(_V.c.namespace, *named),)
+    return (*items, *shaped_conditions(_I.c.value, shape)), vectors
+
+
+@lru_cache(maxsize=128)
+def _listing(prefixed: bool, shape: ValueShape) -> sa.Select[Any]:
+    """A search without a query, built once per shape (`_conditions`): newest update first, a page."""
     return (
         sa.select(*_READ)
-        .where(*conditions, *shaped_conditions(_I.c.value, shape))
+        .where(*_conditions(prefixed, shape)[0])
         .order_by(_I.c.updated_at.desc(), _I.c.namespace, _I.c.key)
         .limit(sa.bindparam("limit", type_=sa.Integer))
         .offset(sa.bindparam("offset", type_=sa.Integer))
@@ -343,45 +361,43 @@ class StoreRepository(Repository):
         """
         size = check_int(limit, "limit", minimum=1, maximum=MAX_PAGE)
         skip = check_int(offset, "offset", minimum=0, maximum=2**62)
+        shape, values = value_filter(self.link.dialect.name, where, "filter") if where else ((), {})
+        params = {"tenant": self._owner, "agent": as_uuid(agent_id, "agent_id"), "now": now, **values}
+        params.update(_under_values(prefix) if prefix else {})
         if query is None:  # a statement built once per filter's shape, sent on the driver
-            shape, values = value_filter(self.link.dialect.name, where, "filter") if where else ((), {})
-            params = {"tenant": self._owner, "agent": as_uuid(agent_id, "agent_id"), "now": now, **values}
-            params.update(_under_values(prefix) if prefix else {}, limit=size, offset=skip)
             async with guarded(self.link):
-                rows = await fetch(self.link, _listing(bool(prefix), shape), params)
+                rows = await fetch(
+                    self.link, _listing(bool(prefix), shape), {**params, "limit": size, "offset": skip}
+                )
             return [_item(row) for row in rows]
-        conditions = [*self._live(agent_id, now), *under(_I.c.namespace, prefix)]
-        if where:
-            conditions += json_value_conditions(self.link, _I.c.value, where, "filter")
-        scope = [*self._agent(_V, agent_id), *under(_V.c.namespace, prefix)]  # the same, on the vectors
-        hits = await nearest_items(
-            self.link,
-            conditions,
-            scope,
-            query,
-            distance=distance,
-            limit=size,
-            offset=skip,
-            approximate=approximate,
-        )
-        found = await self.get(agent_id, [(namespace, key) for namespace, key, _ in hits], now=now)
-        scored = [
-            found[namespace, key]._replace(score=score)
-            for namespace, key, score in hits
-            if (namespace, key) in found
-        ]
+        conditions, scope = _conditions(bool(prefix), shape)
+        async with guarded(self.link):
+            hits = await nearest_items(
+                self.link,
+                conditions,
+                scope,
+                _READ,
+                query,
+                params,
+                distance=distance,
+                limit=size,
+                offset=skip,
+                approximate=approximate,
+            )
+        scored = [_item(row, score) for row, score in hits]
         if len(hits) == size:
             return scored
         # Past the scored items come those without embeddings (index=False), unscored, newest first.
-        before = skip + len(hits) if hits else await scored_count(self.link, conditions, scope, len(query))
+        dims = len(query)
+        before = skip + len(hits) if hits else await scored_count(self.link, conditions, scope, dims, params)
         statement = (
             sa.select(*_READ)
-            .where(*conditions, unscored(self.link, scope, len(query)))
+            .where(*conditions, unscored(self.link, scope, dims))
             .order_by(_I.c.updated_at.desc(), _I.c.namespace, _I.c.key)
             .limit(size - len(hits))
             .offset(max(0, skip - before))
         )
-        return scored + [_item(tuple(row)) for row in await self._execute(statement)]
+        return scored + [_item(tuple(row)) for row in await self._execute(statement, params)]
 
     async def ensure_index(
         self, dims: int, distance: str = "cosine", *, m: int = 16, ef_construction: int = 64

@@ -24,7 +24,8 @@ LangGraph's:
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
@@ -33,6 +34,7 @@ from pgvector.sqlalchemy import VECTOR
 from sqlalchemy.schema import CreateIndex
 from sqlalchemy.sql import ColumnElement
 
+from memorm.driver import fetch
 from memorm.errors import ValidationError
 from memorm.models import STORE_ITEMS, STORE_VECTORS
 from memorm.routing import DISTRIBUTED
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BATCH",
     "DISTANCES",
+    "Found",
     "check_index_shape",
     "ensure_store_index",
     "nearest_items",
@@ -65,7 +68,9 @@ _THREAD_ABOVE = 200_000  # matrix cells; smaller batches are scored inline
 _CANDIDATES = 4  # vectors an approximate search takes from the index per row of its page
 
 Hit = tuple[str, str, float]
-"""An item found: its namespace, key and score."""
+"""An item found by its vectors: its namespace, key and score."""
+Found = tuple[tuple[Any, ...], float]
+"""An item found: its row (the columns asked for) and its score."""
 
 _V, _I = STORE_VECTORS, STORE_ITEMS
 _OF_ITEM = sa.and_(
@@ -80,6 +85,10 @@ def _sized(link: Link, dims: int) -> ColumnElement[bool]:
     """A vector of `dims` dimensions (others, from another index config, are never compared)."""
     if link.sqlite:
         return sa.func.length(_V.c.embedding) == dims * 4
+    return _sized_postgres(dims)
+
+
+def _sized_postgres(dims: int) -> ColumnElement[bool]:
     return sa.func.vector_dims(_V.c.embedding) == dims
 
 
@@ -94,11 +103,15 @@ def unscored(link: Link, scope: Sequence[ColumnElement[bool]], dims: int) -> Col
 
 
 async def scored_count(
-    link: Link, where: Sequence[ColumnElement[bool]], scope: Sequence[ColumnElement[bool]], dims: int
+    link: Link,
+    where: Sequence[ColumnElement[bool]],
+    scope: Sequence[ColumnElement[bool]],
+    dims: int,
+    params: Mapping[str, Any],
 ) -> int:
     """How many of the items `where` keeps have an embedding of `dims` dimensions."""
     query = sa.select(sa.func.count()).select_from(_I).where(*where, ~unscored(link, scope, dims))
-    return int((await link.execute(query)).scalar() or 0)
+    return int((await link.execute(query, dict(params))).scalar() or 0)
 
 
 def _score(distance: str, value: float) -> float:
@@ -109,94 +122,131 @@ def _score(distance: str, value: float) -> float:
 
 async def nearest_items(
     link: Link,
-    where: Sequence[ColumnElement[bool]],
-    scope: Sequence[ColumnElement[bool]],
+    where: tuple[ColumnElement[bool], ...],
+    scope: tuple[ColumnElement[bool], ...],
+    columns: tuple[ColumnElement[Any], ...],
     query: list[float],
+    params: Mapping[str, Any],
     *,
     distance: str,
     limit: int,
     offset: int,
     approximate: bool = False,
-) -> list[Hit]:
+) -> list[Found]:
     """The page `offset:offset+limit` of the items `where` keeps, by their best field's score.
 
     `where` holds conditions on `STORE_ITEMS` (the tenant and agent first),
-    `scope` the same on `STORE_VECTORS` (tenant, agent, namespace prefix);
+    `scope` the same on `STORE_VECTORS` (tenant, agent, namespace prefix),
+    both with named parameters whose values are in `params` (built once per
+    shape by the caller: the statements here are then built and compiled
+    once too).  Each item found comes as its row of `columns` and its score;
     only vectors of `len(query)` dimensions are compared.  `approximate`, on
     Postgres: through the HNSW index `ensure_store_index` built, if there is
-    one (`_approximate`); a page the index's candidates do not fill (a
-    selective filter, a small namespace) is searched again exactly.  SQLite
-    always searches exactly.
+    one; a page the index's candidates do not fill (a selective filter, a
+    small namespace) is searched again exactly.  SQLite always searches
+    exactly.
     """
+    values = {**params, "query": query, "limit": limit, "offset": offset}
     if link.sqlite:
-        return await _sqlite_nearest(link, where, scope, query, distance=distance, limit=limit, offset=offset)
+        hits = await _sqlite_nearest(
+            link, where, scope, query, values, distance=distance, limit=limit, offset=offset
+        )
+        return await _rows_of(link, where, columns, hits, values)
     dims = len(query)
-    column = sa.cast(_V.c.embedding, VECTOR(dims))
-    target = sa.cast(sa.bindparam("query", query, type_=VectorType()), VECTOR(dims))
-    measured = column.op(_OPERATORS[distance], return_type=sa.Float)(target)
     if approximate:
-        hits = await _approximate(link, where, scope, measured, dims, distance, limit, offset)
-        if len(hits) == limit:
-            return hits
-    # Per item kept, its best field: a lateral subquery on the item's own key, so each
-    # item's vectors are found by the primary key whatever the planner thinks of the
-    # tables' sizes (a join planned on a fresh table's statistics compared every pair).
-    best = (
-        sa.select(sa.func.min(measured).label("distance"))
-        .where(_OF_ITEM, *scope, _sized(link, dims))
-        .lateral("best")
+        values["want"] = min((limit + offset) * _CANDIDATES, INT64_MAX)
+        found = await _found(
+            link, _ranked(where, scope, columns, dims, distance, approximate=True), values, distance
+        )
+        if len(found) == limit:
+            return found
+    return await _found(
+        link, _ranked(where, scope, columns, dims, distance, approximate=False), values, distance
     )
-    ranked = (
-        sa.select(_I.c.namespace, _I.c.key, best.c.distance)
-        .select_from(_I.join(best, sa.true()))
-        .where(*where, best.c.distance.is_not(None))
-        .order_by(best.c.distance, _I.c.namespace, _I.c.key)
-        .limit(limit)
-        .offset(offset)
-    )
-    rows: list[Any] = [tuple(row) for row in await link.execute(ranked)]
-    return [(row[0], row[1], _score(distance, float(row[2]))) for row in rows]
 
 
-async def _approximate(
-    link: Link,
-    where: Sequence[ColumnElement[bool]],
-    scope: Sequence[ColumnElement[bool]],
-    measured: ColumnElement[Any],
+async def _found(link: Link, statement: sa.Select[Any], values: dict[str, Any], distance: str) -> list[Found]:
+    rows = await fetch(link, statement, values)
+    return [(row[:-1], _score(distance, float(row[-1]))) for row in rows]
+
+
+@lru_cache(maxsize=64)
+def _ranked(
+    where: tuple[ColumnElement[bool], ...],
+    scope: tuple[ColumnElement[bool], ...],
+    columns: tuple[ColumnElement[Any], ...],
     dims: int,
     distance: str,
-    limit: int,
-    offset: int,
-) -> list[Hit]:
-    """The nearest vectors by the index (`ORDER BY distance LIMIT`), then their items, best field each.
+    *,
+    approximate: bool,
+) -> sa.Select[Any]:
+    """The items' `columns` and best distance, nearest first, a page (`:limit`, `:offset`): Postgres.
 
-    The inner query is what an HNSW index answers: the vectors' own
-    conditions, the dimension as a literal (the partial index's predicate),
-    `_CANDIDATES` times the page's rows (an item may have several fields,
-    and the items' conditions drop some); pgvector's iterative scan (set on
-    every connection) goes on until so many pass.  A page it does not fill
-    is searched exactly (`nearest_items`).
+    Exact: per item kept, its best field, by a lateral subquery on the
+    item's own key, so each item's vectors are found by the primary key
+    whatever the planner thinks of the tables' sizes (a join planned on a
+    fresh table's statistics compared every pair).
+
+    Approximate: the nearest vectors by the index, then their items, best
+    field each.  The inner query is what an HNSW index answers: the
+    vectors' own conditions, the dimension as a literal (the partial
+    index's predicate), `:want` rows (`_CANDIDATES` times the page's: an
+    item may have several fields, and the items' conditions drop some);
+    pgvector's iterative scan (set on every connection) goes on until so
+    many pass.
     """
-    want = min((limit + offset) * _CANDIDATES, INT64_MAX)
-    near = (
-        sa.select(_V.c.namespace, _V.c.key, measured.label("distance"))
-        .where(*scope, _dims_literal(_V, dims))
-        .order_by(measured)
-        .limit(want)
-        .subquery("near")
+    column = sa.cast(_V.c.embedding, VECTOR(dims))
+    target = sa.cast(sa.bindparam("query", type_=VectorType()), VECTOR(dims))
+    measured = column.op(_OPERATORS[distance], return_type=sa.Float)(target)
+    page = (sa.bindparam("limit", type_=sa.Integer), sa.bindparam("offset", type_=sa.Integer))
+    if approximate:
+        near = (
+            sa.select(_V.c.namespace, _V.c.key, measured.label("distance"))
+            .where(*scope, _dims_literal(_V, dims))
+            .order_by(measured)
+            .limit(sa.bindparam("want", type_=sa.BigInteger))
+            .subquery("near")
+        )
+        best: ColumnElement[Any] = sa.func.min(near.c.distance)
+        return (
+            sa.select(*columns, best.label("distance"))
+            .select_from(near.join(_I, sa.and_(_I.c.namespace == near.c.namespace, _I.c.key == near.c.key)))
+            .where(*where)
+            .group_by(*_I.primary_key.columns)  # the item's other columns depend on its key
+            .order_by(best, _I.c.namespace, _I.c.key)
+            .limit(page[0])
+            .offset(page[1])
+        )
+    nearest = (
+        sa.select(sa.func.min(measured).label("distance"))
+        .where(_OF_ITEM, *scope, _sized_postgres(dims))
+        .lateral("best")
     )
-    best = sa.func.min(near.c.distance)
-    ranked = (
-        sa.select(near.c.namespace, near.c.key, best.label("distance"))
-        .select_from(near.join(_I, sa.and_(_I.c.namespace == near.c.namespace, _I.c.key == near.c.key)))
-        .where(*where)
-        .group_by(near.c.namespace, near.c.key)
-        .order_by(best, near.c.namespace, near.c.key)
-        .limit(limit)
-        .offset(offset)
+    return (
+        sa.select(*columns, nearest.c.distance)
+        .select_from(_I.join(nearest, sa.true()))
+        .where(*where, nearest.c.distance.is_not(None))
+        .order_by(nearest.c.distance, _I.c.namespace, _I.c.key)
+        .limit(page[0])
+        .offset(page[1])
     )
-    rows: list[Any] = [tuple(row) for row in await link.execute(ranked)]
-    return [(row[0], row[1], _score(distance, float(row[2]))) for row in rows]
+
+
+async def _rows_of(
+    link: Link,
+    where: Sequence[ColumnElement[bool]],
+    columns: Sequence[ColumnElement[Any]],
+    hits: list[Hit],
+    values: dict[str, Any],
+) -> list[Found]:
+    """The hits' rows of `columns` (those `where` still keeps), in the hits' order."""
+    if not hits:
+        return []
+    pairs = [(namespace, key) for namespace, key, _ in hits]
+    statement = sa.select(*columns).where(*where, sa.tuple_(_I.c.namespace, _I.c.key).in_(pairs))
+    found: list[Any] = [tuple(row) for row in await link.execute(statement, values)]
+    rows = {(row[0], row[1]): row for row in found}
+    return [(rows[namespace, key], score) for namespace, key, score in hits if (namespace, key) in rows]
 
 
 # -- the HNSW index (Postgres) ------------------------------------------------------------------
@@ -273,6 +323,7 @@ async def _sqlite_nearest(
     where: Sequence[ColumnElement[bool]],
     scope: Sequence[ColumnElement[bool]],
     query: list[float],
+    values: dict[str, Any],
     *,
     distance: str,
     limit: int,
@@ -297,7 +348,7 @@ async def _sqlite_nearest(
         )
         if after is not None:
             statement = statement.where(sa.tuple_(_V.c.namespace, _V.c.key, _V.c.field) > sa.tuple_(*after))
-        rows: list[Any] = [tuple(row) for row in await link.execute(statement)]
+        rows: list[Any] = [tuple(row) for row in await link.execute(statement, values)]
         if not rows:
             break
         after = (rows[-1][0], rows[-1][1], rows[-1][2])
