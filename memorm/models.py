@@ -375,6 +375,9 @@ class GraphCheckpoint(_SessionState, table=True):
     # The checkpoint's metadata (JSON, filterable: source, step, run_id…).
     meta: dict[str, Any] = Field(default_factory=_EMPTY, sa_type=JSONType, nullable=False)
     created_at: datetime = Field(default_factory=_NOW, sa_type=UTCDateTime, nullable=False)
+    # The versions of the channels it holds (channel -> version), so SQL finds their values
+    # (blobs) with it; None for checkpoints stored before revision 0014.
+    channel_versions: dict[str, str] | None = Field(default=None, sa_type=JSONType, nullable=True)
 
 
 # A write a task made after a checkpoint, before the next one (pending writes).

@@ -371,3 +371,36 @@ def _checkpoint(n: int) -> Any:
     checkpoint["channel_values"] = {"count": n}
     checkpoint["channel_versions"] = {"count": str(n)}
     return checkpoint
+
+
+async def test_aget_tuple_reads_a_checkpoint_its_values_and_writes_in_one_statement(db: Database) -> None:
+    saver = MemormSaver(db, agent=await _agent(db))
+    config = await saver.aput(thread("read"), _checkpoint(1), {"step": 1}, {"count": "1"})
+    second = _checkpoint(2)
+    second["channel_values"]["notes"] = ["kept from step 1"]
+    second["channel_versions"] = {"count": "2", "notes": "1"}
+    config = await saver.aput(config, second, {"step": 2}, {"count": "2", "notes": "1"})
+    await saver.aput_writes(config, [("count", 3), ("notes", ["x"])], "task-b")
+    await saver.aput_writes(config, [("count", 4)], "task-a")
+    with capture_statements(db, "graph_") as sent:
+        found = await saver.aget_tuple(thread("read"))
+    assert len(sent) == 1
+    assert found is not None
+    assert found.checkpoint["channel_values"] == {"count": 2, "notes": ["kept from step 1"]}
+    assert [(task, channel, value) for task, channel, value in found.pending_writes or []] == [
+        ("task-a", "count", 4),
+        ("task-b", "count", 3),
+        ("task-b", "notes", ["x"]),
+    ]
+    # A checkpoint stored before revision 0014 has no channel_versions column value:
+    # its values are read by a second statement, the same ones.
+    async with db.unit_of_work() as uow:
+        await uow.session.execute(sa.text("UPDATE graph_checkpoints SET channel_versions = NULL"))
+    with capture_statements(db, "graph_") as sent:
+        again = await saver.aget_tuple(thread("read"))
+    assert len(sent) == 2
+    assert again is not None
+    assert again.checkpoint == found.checkpoint
+    assert again.pending_writes == found.pending_writes
+    empty = await saver.aget_tuple({"configurable": {**config["configurable"], "checkpoint_id": "none"}})
+    assert empty is None

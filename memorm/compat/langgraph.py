@@ -196,8 +196,8 @@ class MemormSaver(BaseCheckpointSaver[str]):
             found = await uow.checkpoints.find(self.agent_id, where.key, where.ns, where.checkpoint_id)
             if found is None:
                 return None
-            stored, writes = found
-            loaded = await self._complete(uow, [stored], {stored.key: writes})
+            stored, writes, values = found
+            loaded = await self._complete(uow, [stored], {stored.key: writes}, values)
         tuples = await self._tuples(loaded, {stored.key.session_id: where.thread_id})
         return tuples[0]
 
@@ -369,9 +369,15 @@ class MemormSaver(BaseCheckpointSaver[str]):
         uow: UnitOfWork,
         found: builtins.list[StoredCheckpoint],
         writes: Mapping[CheckpointKey, builtins.list[StoredWrite]] | None = None,
+        known: dict[tuple[str, str], Value] | None = None,
     ) -> _Loaded:
-        """The checkpoints with their channel values and pending writes (unless given), read in `uow`."""
+        """The checkpoints with their channel values and pending writes (unless given), read in `uow`.
+
+        `known`: one checkpoint's channel values, read with it (`find`).
+        """
         checkpoints = [self._load(stored.value, "a checkpoint") for stored in found]
+        if known is not None and writes is not None and len(found) == 1:
+            return [(found[0], checkpoints[0], known, writes[found[0].key])]
         if writes is None:
             writes = await uow.checkpoints.writes(self.agent_id, [stored.key for stored in found])
         groups: dict[tuple[uuid.UUID, str], set[tuple[str, str]]] = {}
@@ -465,6 +471,9 @@ class MemormSaver(BaseCheckpointSaver[str]):
         if not isinstance(metadata, Mapping):
             raise ValidationError(f"metadata: expected a dict, got {type(metadata).__name__}")
         values = checkpoint.get("channel_values") or {}
+        versions = checkpoint.get("channel_versions") or {}
+        if not isinstance(versions, Mapping) or not all(isinstance(channel, str) for channel in versions):
+            raise ValidationError("checkpoint: channel_versions must map channel names to versions")
         bare = {**checkpoint, "channel_values": {}}
         meta = dict(get_serializable_checkpoint_metadata(config, metadata))
 
@@ -482,7 +491,8 @@ class MemormSaver(BaseCheckpointSaver[str]):
             dump, lambda done: len(done[0][1]) + sum(len(blob or b"") for _, blob in done[1].values())
         )
         key = CheckpointKey(uuid.UUID(int=0), where.ns, checkpoint["id"])  # the session is known once stored
-        return where, StoredCheckpoint(key, where.checkpoint_id, value, meta), blobs
+        held = {channel: str(version) for channel, version in versions.items()}
+        return where, StoredCheckpoint(key, where.checkpoint_id, value, meta, versions=held), blobs
 
     async def _dump_writes(
         self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, task_path: str

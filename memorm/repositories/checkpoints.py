@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import builtins
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cache
 from typing import Any, NamedTuple
 
@@ -27,7 +27,7 @@ from memorm.translate import check_writable, guarded
 from memorm.types import UUIDType, utcnow
 from memorm.validation import MAX_PAGE, as_uuid, check_int, check_json_object, check_name
 
-__all__ = ["CheckpointKey", "CheckpointRepository", "StoredCheckpoint", "StoredWrite"]
+__all__ = ["CheckpointKey", "CheckpointRepository", "FoundCheckpoint", "StoredCheckpoint", "StoredWrite"]
 
 Value = tuple[str, bytes | None]
 """A stored value: the name of its format and its bytes (None for a channel with no value)."""
@@ -42,13 +42,30 @@ class CheckpointKey(NamedTuple):
 
 
 class StoredCheckpoint(NamedTuple):
-    """A checkpoint as stored: its key, parent, serialized value and metadata, and its session's key."""
+    """A checkpoint as stored: its key, parent, serialized value and metadata, and its session's key.
+
+    `versions`: the versions of the channels it holds (channel -> version),
+    written with it so one statement finds their values (`find`).
+    """
 
     key: CheckpointKey
     parent_checkpoint_id: str | None
     value: Value
     meta: dict[str, Any]
     session_key: str | None = None
+    versions: dict[str, str] | None = None
+
+
+class FoundCheckpoint(NamedTuple):
+    """What `find` returns: a checkpoint, its pending writes, and its channels' stored values.
+
+    `values` maps `(channel, version)` to the value; None for a checkpoint
+    stored without its `versions` (before revision 0014): `blobs` reads them.
+    """
+
+    checkpoint: StoredCheckpoint
+    writes: list[StoredWrite]
+    values: dict[tuple[str, str], Value] | None
 
 
 class StoredWrite(NamedTuple):
@@ -72,6 +89,7 @@ _CHECKPOINT_COLUMNS = (
     "value",
     "meta",
     "created_at",
+    "channel_versions",
 )
 _WRITE_COLUMNS = (
     "tenant",
@@ -117,42 +135,86 @@ _PARAMETER = {"agent_id": "agent", "checkpoint_ns": "ns"}
 _SCOPE = ("tenant", "agent_id", "session_id", "checkpoint_ns")  # a session's namespace
 
 # The hot reads (a graph's `aget_tuple`), built once and sent to the driver (`memorm.driver.fetch`).
-_THREAD = (
-    sa.select(*_LISTED, CHECKPOINTS.c.meta, SESSIONS.c.key)
-    .join(SESSIONS, _IN_SESSION)
-    .where(
-        *_bound(SESSIONS, "tenant", "agent_id", "key"),
-        *_bound(CHECKPOINTS, "tenant", "agent_id", "checkpoint_ns"),
-    )
+# The session of a key, then its checkpoints by their primary key: the session is a scalar
+# subquery, so no plan joins every checkpoint of the agent to the sessions to find its key.
+_SESSION_OF_KEY = sa.select(SESSIONS.c.id).where(*_bound(SESSIONS, "tenant", "agent_id", "key"))
+_THREAD = sa.select(*_LISTED, CHECKPOINTS.c.meta, sa.bindparam("key", type_=sa.Text).label("key")).where(
+    *_bound(CHECKPOINTS, "tenant", "agent_id", "checkpoint_ns"),
+    CHECKPOINTS.c.session_id == _SESSION_OF_KEY.scalar_subquery(),
 )
 
 
-def _with_writes(found: sa.Select[Any]) -> sa.Select[Any]:
-    """`found` (one checkpoint at most) with its pending writes, in order: a row per write (or one)."""
-    checkpoint = found.subquery("found")
-    writes = CHECKPOINT_WRITES
-    theirs = sa.and_(
-        *_bound(writes, "tenant", "agent_id"),
-        *(writes.c[name] == checkpoint.c[name] for name in ("session_id", "checkpoint_ns", "checkpoint_id")),
+def _with_state(found: sa.Select[Any], each: Callable[..., Any], *, lateral: bool) -> sa.CompoundSelect[Any]:
+    """`found` (one checkpoint at most) with its pending writes and its channels' values.
+
+    Rows of two parts: `w`, the checkpoint with one of its writes (in order),
+    or with none; `b`, one value of a channel at the version the checkpoint
+    holds, found through its `channel_versions` (`each`: the database's
+    JSON object to (key, value) rows function).  `unknown`: the checkpoint
+    has no `channel_versions` (stored before revision 0014).
+
+    `lateral` (Postgres): the writes are a lateral subquery on the
+    checkpoint's own key, so they are found by the primary key whatever the
+    planner thinks of the tables' sizes (a join planned on a fresh table's
+    statistics read every write of the agent).  SQLite's nested loops look
+    them up by key anyway.
+    """
+    versions = CHECKPOINTS.c.channel_versions
+    checkpoint = found.add_columns(versions, versions.is_(None).label("unknown")).cte("found")
+    shown = [checkpoint.c[column.name] for column in found.selected_columns]
+    writes, blobs = CHECKPOINT_WRITES, CHECKPOINT_BLOBS
+
+    def scoped(table: sa.Table, *more: ColumnElement[bool]) -> ColumnElement[bool]:
+        """`table`'s rows in the checkpoint's namespace, and `more`."""
+        same = (table.c[name] == checkpoint.c[name] for name in ("session_id", "checkpoint_ns"))
+        return sa.and_(*_bound(table, "tenant", "agent_id"), *same, *more)
+
+    write_columns = (
+        writes.c.task_id,
+        writes.c.channel,
+        writes.c.value_type.label("write_type"),
+        writes.c.value.label("write_value"),
+        writes.c.task_path,
+        writes.c.idx,
     )
-    return (
-        sa.select(
-            *checkpoint.c,
-            writes.c.task_id,
-            writes.c.channel,
-            writes.c.value_type.label("write_type"),
-            writes.c.value.label("write_value"),
-            writes.c.task_path,
-            writes.c.idx,
-        )
-        .select_from(checkpoint.outerjoin(writes, theirs))
-        .order_by(writes.c.task_path, writes.c.task_id, writes.c.idx)
+    its_writes = scoped(writes, writes.c.checkpoint_id == checkpoint.c.checkpoint_id)
+    head = (*shown, checkpoint.c.unknown, sa.literal("w").label("part"))
+    if lateral:
+        # OFFSET 0: kept a subquery (not pulled up into a join the planner may scan the agent for).
+        theirs = sa.select(*write_columns).where(its_writes).offset(0).lateral("w")
+        with_writes = sa.select(*head, *theirs.c).select_from(checkpoint.outerjoin(theirs, sa.true()))
+    else:
+        with_writes = sa.select(*head, *write_columns).select_from(checkpoint.outerjoin(writes, its_writes))
+    # Each (channel, version) the checkpoint holds, its value looked up by the full primary key
+    # (scalar subqueries: no planner starts from the agent's blobs); NULL if none is stored.
+    pairs = each(checkpoint.c.channel_versions).table_valued("key", "value")
+    at_version = scoped(blobs, blobs.c.channel == pairs.c.key, blobs.c.version == pairs.c.value)
+    kind, value = (
+        sa.select(column).where(at_version).scalar_subquery()
+        for column in (blobs.c.value_type, blobs.c.value)
     )
+    blanks = (sa.null() for _ in range(len(head) - 1))
+    with_values = sa.select(
+        *blanks, sa.literal("b"), pairs.c.key, pairs.c.value, kind, value, sa.null(), sa.null()
+    ).select_from(checkpoint.join(pairs, sa.true()))
+    both: sa.CompoundSelect[Any] = sa.union_all(with_writes, with_values)
+    order = both.selected_columns
+    return both.order_by(order.part.desc(), order.task_path, order.task_id, order.idx)
 
 
-# A thread's newest checkpoint, or the one of an id, with its writes: one statement.
-_LATEST = _with_writes(_THREAD.order_by(CHECKPOINTS.c.checkpoint_id.desc()).limit(1))
-_BY_ID = _with_writes(_THREAD.where(CHECKPOINTS.c.checkpoint_id == sa.bindparam("checkpoint_id")))
+def _reads(
+    each: Callable[..., Any], *, lateral: bool
+) -> tuple[sa.CompoundSelect[Any], sa.CompoundSelect[Any]]:
+    """A thread's newest checkpoint, and the one of an id, each with its writes and values."""
+    latest = _THREAD.order_by(CHECKPOINTS.c.checkpoint_id.desc()).limit(1)
+    by_id = _THREAD.where(CHECKPOINTS.c.checkpoint_id == sa.bindparam("checkpoint_id"))
+    return _with_state(latest, each, lateral=lateral), _with_state(by_id, each, lateral=lateral)
+
+
+_READS = {
+    "postgresql": _reads(sa.func.jsonb_each_text, lateral=True),
+    "sqlite": _reads(sa.func.json_each, lateral=False),
+}
 _WRITES_OF = (  # one checkpoint's pending writes, in order
     sa.select(
         CHECKPOINT_WRITES.c.task_id,
@@ -258,10 +320,11 @@ class CheckpointRepository(Repository):
         kind, value = checkpoint.value
         meta = check_json_object(checkpoint.meta, "metadata")
         row = (owner, agent, session, ns, checkpoint_id, checkpoint.parent_checkpoint_id, kind, value, meta)
+        versions = checkpoint.versions
         if not self.link.sqlite and not self._distributed:
             # One statement, one round trip (a graph step's; alone, it needs no BEGIN/COMMIT).
             # On Citus the two inserts stay apart: each routes to the session's shard.
-            params: dict[str, Any] = dict(zip(_CHECKPOINT_COLUMNS, (*row, utcnow()), strict=True))
+            params: dict[str, Any] = dict(zip(_CHECKPOINT_COLUMNS, (*row, utcnow(), versions), strict=True))
             columns = list(zip(*blobs, strict=True)) or [(), ()]
             values = list(zip(*blobs.values(), strict=True)) or [(), ()]
             params.update(channels=columns[0], versions=columns[1], value_types=values[0], values=values[1])
@@ -273,7 +336,7 @@ class CheckpointRepository(Repository):
             self.link,
             [
                 Insert(CHECKPOINT_BLOBS, _BLOB_COLUMNS, rows, "ignore"),
-                Insert(CHECKPOINTS, _CHECKPOINT_COLUMNS, [(*row, utcnow())], "update"),
+                Insert(CHECKPOINTS, _CHECKPOINT_COLUMNS, [(*row, utcnow(), versions)], "update"),
             ],
         )
 
@@ -348,11 +411,11 @@ class CheckpointRepository(Repository):
 
     async def find(
         self, agent_id: uuid.UUID | str, session_key: str, checkpoint_ns: str, checkpoint_id: str | None
-    ) -> tuple[StoredCheckpoint, builtins.list[StoredWrite]] | None:
-        """The checkpoint of the agent's session with this key (the newest without an id) and its writes.
+    ) -> FoundCheckpoint | None:
+        """The checkpoint of the agent's session with this key (newest without an id), writes and values.
 
         None if there is none.  One statement: the session is found by its
-        key in it, and the writes come along.
+        key in it, and the writes and the channels' values come along.
         """
         key = check_name(session_key, "session_key", blank=True)
         params = {
@@ -361,18 +424,23 @@ class CheckpointRepository(Repository):
             "key": key,
             "ns": checkpoint_ns,
         }
+        latest, by_id = _READS["sqlite" if self.link.sqlite else "postgresql"]
         if checkpoint_id is None:
-            rows = await fetch(self.link, _LATEST, params)
+            rows = await fetch(self.link, latest, params)
         else:
-            rows = await fetch(self.link, _BY_ID, {**params, "checkpoint_id": checkpoint_id})
+            rows = await fetch(self.link, by_id, {**params, "checkpoint_id": checkpoint_id})
         if not rows:
             return None
-        writes = [
-            StoredWrite(task, channel, (kind, value), path, idx)
-            for task, channel, kind, value, path, idx in (row[8:] for row in rows)
-            if task is not None
-        ]
-        return _stored(rows[0][:8]), writes
+        writes, values = [], {}
+        for row in rows:
+            part, first, second, kind, value, path, idx = row[9:]
+            if part == "b":
+                if kind is not None:  # (a version whose value is not stored has none)
+                    values[first, second] = (kind, value)
+            elif first is not None:
+                writes.append(StoredWrite(first, second, (kind, value), path, idx))
+        unknown = rows[0][8]
+        return FoundCheckpoint(_stored(rows[0][:8]), writes, None if unknown else values)
 
     async def heads(
         self, agent_id: uuid.UUID | str, session_id: uuid.UUID | str
