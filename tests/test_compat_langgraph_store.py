@@ -167,13 +167,14 @@ FILTERED = {  # items for the filter property: every JSON type under "n", string
     "list": {"n": [1, 2], "s": ["a"]},
     "obj": {"n": {"k": 1}},
     "none": {"other": 0},
+    "json-text": {"n": "[1,2]", "s": '{"k":1}'},  # strings that read like the list's and object's JSON
 }
 _SCALARS = st.one_of(
     st.none(),
     st.booleans(),
     st.integers(-3, 3),
     st.sampled_from([1.0, 2.5]),
-    st.sampled_from(["a", "b", "3"]),
+    st.sampled_from(["a", "b", "3", "[1,2]", '{"k":1}']),
 )
 _ORDERED = st.one_of(st.integers(-4, 4), st.sampled_from([1.5, 2.5, "3", "a", "apple", "b", "c"]))
 _CONDITIONS = st.one_of(

@@ -86,6 +86,11 @@ def _equality(dialect: str, key: str, value: Any) -> tuple[tuple[Any, ...], dict
     if isinstance(value, (Mapping, list, tuple)):
         kind = "object" if isinstance(value, Mapping) else "array"
         return ("container",), {"path": path, "type0": kind, "value": _compact(value)}
+    if isinstance(value, str) and not value.startswith(("[", "{")):
+        # `json_extract` gives a JSON string as text, a number or true/false as a number,
+        # an object or list as its JSON text (which starts with "[" or "{"): only a JSON
+        # string can equal this text, so the type need not be read (a second JSON parse).
+        return ("text",), {"path": path, "value": value}
     types = _sqlite_json_type(value)
     parts: dict[str, Any] = {"path": path, **{f"type{i}": name for i, name in enumerate(types)}}
     if value is None or isinstance(value, bool):
@@ -97,6 +102,9 @@ def _equal_sql(column: sa.Column[Any], kind: tuple[Any, ...], bind: Bind) -> Col
     """The SQL of an `_equality` of this `kind` on `column`, its values bound by `bind`."""
     if kind[0] == "contains":
         return column.op("@>")(bind("value", JSONType()))
+    if kind[0] == "text":
+        text: ColumnElement[bool] = sa.func.json_extract(column, bind("path")) == bind("value")
+        return text
     path = bind("path")
     if kind[0] == "container":
         found = sa.func.json_type(column, path) == bind("type0")
