@@ -57,25 +57,46 @@ MAX_KEY_BYTES = 1024  # of a joined namespace, and of a key: both in the primary
 _MAX_MINUTES = 1000 * 365 * 24 * 60
 
 
+_ONE = {"tenant": "tenant", "agent_id": "agent", "namespace": "namespace", "key": "key"}  # column: parameter
+
+
 def _one(table: sa.Table) -> list[ColumnElement[bool]]:
     """One item's rows of `table`: its tenant, agent, namespace and key, as parameters."""
-    names = {"tenant": "tenant", "agent_id": "agent", "namespace": "namespace", "key": "key"}
-    return [table.c[column] == sa.bindparam(name) for column, name in names.items()]
+    return [table.c[column] == sa.bindparam(name) for column, name in _ONE.items()]
 
 
 _DELETE_VECTORS_OF = sa.delete(_V).where(*_one(_V))  # one item's embeddings
 
 
 def _put_one() -> Any:
-    """One item without embeddings stored, its old ones dropped: one statement (Postgres)."""
+    """One item stored with its embeddings, which replace its old ones: one statement (Postgres).
+
+    The item's upsert and the delete of its embeddings of fields not in
+    `:fields` are CTEs beside the upsert of the new embeddings (`:fields`
+    and `:embeddings`, arrays): no row is touched twice, and the
+    embeddings' foreign key to the item is checked as the statement ends,
+    the item there.  With no fields, every old embedding goes.
+    """
     parameter = {"agent_id": "agent", "created_at": "now", "updated_at": "now"}
     item = postgresql.insert(_I).values(
         {name: sa.bindparam(parameter.get(name, name), type_=_I.c[name].type) for name in _ITEM_COLUMNS}
     )
     key = [column.name for column in _I.primary_key.columns]
     replaced = {name: item.excluded[name] for name in _ITEM_COLUMNS if name not in (*key, "created_at")}
-    gone = sa.delete(_V).where(*_one(_V)).cte("gone")
-    return item.on_conflict_do_update(index_elements=key, set_=replaced).add_cte(gone)
+    stored = item.on_conflict_do_update(index_elements=key, set_=replaced).cte("item")
+    fields = sa.bindparam("fields", type_=postgresql.ARRAY(sa.Text))
+    others = sa.delete(_V).where(*_one(_V), sa.not_(_V.c.field == sa.any_(fields))).cte("others")
+    embeddings = sa.bindparam("embeddings", type_=postgresql.ARRAY(_V.c.embedding.type, dimensions=1))
+    new = sa.func.unnest(fields, embeddings).table_valued("field", "embedding").render_derived()
+    owner = [sa.bindparam(name, type_=_V.c[column].type) for column, name in _ONE.items()]
+    vectors = postgresql.insert(_V).from_select(
+        list(_VECTOR_COLUMNS), sa.select(*owner, new.c.field, new.c.embedding)
+    )
+    vector_key = [column.name for column in _V.primary_key.columns]
+    upsert = vectors.on_conflict_do_update(
+        index_elements=vector_key, set_={"embedding": vectors.excluded.embedding}
+    )
+    return upsert.add_cte(stored).add_cte(others)
 
 
 _PUT_ONE = _put_one()
@@ -234,7 +255,7 @@ class StoreRepository(Repository):
             return
         owner, agent = self._owner, as_uuid(agent_id, "agent_id")
         first = items[0]
-        if len(items) == 1 and not first.vectors and not self.link.sqlite and not self._distributed:
+        if len(items) == 1 and not self.link.sqlite and not self._distributed:
             # One statement, one round trip (alone in its unit of work: no BEGIN/COMMIT either).
             params = {
                 "tenant": owner,
@@ -245,6 +266,8 @@ class StoreRepository(Repository):
                 "now": now,
                 "expires_at": _expiry(now, first.ttl_minutes),
                 "ttl_minutes": first.ttl_minutes,
+                "fields": list(first.vectors or {}),
+                "embeddings": list((first.vectors or {}).values()),
             }
             check_writable(self.link)
             try:
