@@ -140,6 +140,23 @@ class Deadlines:
                 self.finished.append(time.perf_counter() - started)
 
 
+async def cancel_reads(db: Database, store: Store, kind: str, *reads: Any) -> None:
+    """Run each of `reads` `ATTEMPTS // 2` times under `Deadlines`: they land, and leave nothing behind."""
+    cancelled = 0
+    with loop_errors() as errors:
+        for read in reads:
+            deadlines = Deadlines(random.Random(f"{read.__name__}-{kind}-{store.engine}"))
+            await deadlines.warm_up(read, read, read)
+            for _ in range(ATTEMPTS // 2):
+                await deadlines.run(kind, read)
+                assert db.engine.pool.checkedout() == 0
+            cancelled += deadlines.cancelled
+        await settle()
+    assert errors == []
+    assert cancelled > ATTEMPTS // 5  # the deadlines did land mid-flight
+    await assert_clean(db, store)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)
 async def test_a_cancelled_aput_stores_the_checkpoint_with_all_its_values_or_nothing(
@@ -226,19 +243,7 @@ async def test_cancelled_reads_leave_nothing_behind_and_the_next_read_is_whole(
     async def read_all() -> None:
         assert len([item async for item in saver.alist(newest)]) == 130  # type: ignore[arg-type]
 
-    cancelled = 0
-    with loop_errors() as errors:
-        for read in (read_one, read_all):
-            deadlines = Deadlines(random.Random(f"reads-{read.__name__}-{kind}-{store.engine}"))
-            await deadlines.warm_up(read, read, read)
-            for _ in range(ATTEMPTS // 2):
-                await deadlines.run(kind, read)
-                assert db.engine.pool.checkedout() == 0
-            cancelled += deadlines.cancelled
-        await settle()
-    assert errors == []
-    assert cancelled > ATTEMPTS // 5
-    await assert_clean(db, store)
+    await cancel_reads(db, store, kind, read_one, read_all)
     found = await saver.aget_tuple(newest)  # type: ignore[arg-type]
     assert found is not None
     assert found.checkpoint["channel_values"] == _values(130, 30_000)

@@ -26,7 +26,7 @@ from memorm import Database
 from memorm.compat.langgraph import MemormStore
 from memorm.types import VectorType
 from reliability.test_cancellation import KINDS, assert_clean, loop_errors, settle
-from reliability.test_langgraph_cancel import ATTEMPTS, BURST, Deadlines
+from reliability.test_langgraph_cancel import ATTEMPTS, BURST, Deadlines, cancel_reads
 
 pytestmark = [pytest.mark.anyio, pytest.mark.reliability, pytest.mark.long]
 
@@ -123,19 +123,7 @@ async def test_cancelled_searches_leave_nothing_behind_and_the_next_search_is_wh
         for _ in range(BURST):
             assert len(await memories.asearch(("zoo",), filter={"n": {"$gte": 10}}, limit=20)) == 20
 
-    cancelled = 0
-    with loop_errors() as errors:
-        for search in (by_query, by_filter):
-            deadlines = Deadlines(random.Random(f"store-search-{search.__name__}-{kind}-{store.engine}"))
-            await deadlines.warm_up(search, search, search)
-            for _ in range(ATTEMPTS // 2):
-                await deadlines.run(kind, search)
-                assert db.engine.pool.checkedout() == 0
-            cancelled += deadlines.cancelled
-        await settle()
-    assert errors == []
-    assert cancelled > ATTEMPTS // 5
-    await assert_clean(db, store)
+    await cancel_reads(db, store, kind, by_query, by_filter)
     assert [item.key for item in await memories.asearch(("zoo",), filter={"n": 7})] == ["k7"]
     found = await memories.asearch(("zoo",), query="cat 7", limit=60)
     assert len(found) == 60
