@@ -19,7 +19,9 @@ from memorm import Database, NotFoundError, ValidationError
 from memorm.retention import Removed, forget, purge_expired, purge_older_than
 from memorm.tenants import delete_tenant, list_tenants
 
-pytestmark = pytest.mark.anyio
+# Maintenance across tenants: the role must bypass row-level security, which the
+# application role's run (MEMORM_TEST_POSTGRES_ROLE=app) does not.
+pytestmark = [pytest.mark.anyio, pytest.mark.owner]
 
 
 async def warm_vector_cache(db: Database, tenant: str, agents: dict[str, uuid.UUID]) -> None:

@@ -269,6 +269,7 @@ def tenant_a(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return _records(file)
 
 
+@pytest.mark.owner  # an import of every tenant needs a role exempt from row-level security
 async def test_import_checks_refuse_rows_that_reference_another_tenants_agent(
     db: Database, tenant_a: list[dict[str, Any]], tmp_path: Path
 ) -> None:
