@@ -19,7 +19,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -140,20 +140,23 @@ class Deadlines:
                 self.finished.append(time.perf_counter() - started)
 
 
-async def cancel_reads(db: Database, store: Store, kind: str, *reads: Any) -> None:
-    """Run each of `reads` `ATTEMPTS // 2` times under `Deadlines`: they land, and leave nothing behind."""
-    cancelled = 0
+async def cancel_each(
+    db: Database, store: Store, kind: str, work: Callable[[int], Awaitable[Any]], attempts: int = ATTEMPTS
+) -> None:
+    """Run `work(n)` under random deadlines (`Deadlines`, warmed up by n = 0, 1, 2), `attempts` times.
+
+    The deadlines land mid-flight, and leave nothing behind: no loop error,
+    no connection out of the pool, the SQLite write lock free.
+    """
+    deadlines = Deadlines(random.Random(f"{work.__name__}-{kind}-{store.engine}"))
+    await deadlines.warm_up(*(lambda n=n: work(n) for n in range(3)))
     with loop_errors() as errors:
-        for read in reads:
-            deadlines = Deadlines(random.Random(f"{read.__name__}-{kind}-{store.engine}"))
-            await deadlines.warm_up(read, read, read)
-            for _ in range(ATTEMPTS // 2):
-                await deadlines.run(kind, read)
-                assert db.engine.pool.checkedout() == 0
-            cancelled += deadlines.cancelled
+        for n in range(3, attempts + 3):
+            await deadlines.run(kind, lambda n=n: work(n))
+            assert db.engine.pool.checkedout() == 0
         await settle()
     assert errors == []
-    assert cancelled > ATTEMPTS // 5  # the deadlines did land mid-flight
+    assert deadlines.cancelled > attempts // 5  # the deadlines did land mid-flight
     await assert_clean(db, store)
 
 
@@ -163,7 +166,6 @@ async def test_a_cancelled_aput_stores_the_checkpoint_with_all_its_values_or_not
     db: Database, store: Store, kind: str
 ) -> None:
     saver = await _saver(db)
-    deadlines = Deadlines(random.Random(f"aput-{kind}-{store.engine}"))
     finished: set[int] = set()
 
     async def put(n: int) -> None:  # attempt n: checkpoints n * BURST onwards, in turn
@@ -171,16 +173,7 @@ async def test_a_cancelled_aput_stores_the_checkpoint_with_all_its_values_or_not
             await _put(saver, "t", m)
             finished.add(m)
 
-    await deadlines.warm_up(*(lambda n=n: put(n) for n in range(3)))  # the session is made here
-
-    with loop_errors() as errors:
-        for n in range(3, ATTEMPTS + 3):
-            await deadlines.run(kind, lambda n=n: put(n))
-            assert db.engine.pool.checkedout() == 0
-        await settle()
-    assert errors == []
-    assert deadlines.cancelled > ATTEMPTS // 5  # the deadlines did land mid-flight
-    await assert_clean(db, store)
+    await cancel_each(db, store, kind, put)  # (the first warm-up makes the session)
     stored = await _assert_checkpoints_whole(db, saver, "t")
     assert finished <= stored  # every aput that returned is there
     config = await _put(saver, "t", (ATTEMPTS + 3) * BURST)  # the next call works
@@ -197,7 +190,6 @@ async def test_a_cancelled_aput_writes_stores_all_of_a_tasks_writes_or_none(
     saver = await _saver(db)
     config = await _put(saver, "t", 1)
     writes = [(f"w{i}", {"i": i, "text": "y" * 500}) for i in range(WRITES)]
-    deadlines = Deadlines(random.Random(f"writes-{kind}-{store.engine}"))
     finished: set[str] = set()
 
     async def put_writes(n: int) -> None:  # attempt n: BURST tasks' writes, in turn
@@ -205,15 +197,7 @@ async def test_a_cancelled_aput_writes_stores_all_of_a_tasks_writes_or_none(
             await saver.aput_writes(config, writes, task)  # type: ignore[arg-type]
             finished.add(task)
 
-    await deadlines.warm_up(*(lambda n=n: put_writes(n) for n in range(3)))
-    with loop_errors() as errors:
-        for n in range(3, ATTEMPTS + 3):
-            await deadlines.run(kind, lambda n=n: put_writes(n))
-            assert db.engine.pool.checkedout() == 0
-        await settle()
-    assert errors == []
-    assert deadlines.cancelled > ATTEMPTS // 5
-    await assert_clean(db, store)
+    await cancel_each(db, store, kind, put_writes)
     counts = dict(await _rows(db, "SELECT task_id, count(*) FROM graph_writes GROUP BY task_id"))
     assert set(counts.values()) == {WRITES}  # whole tasks only
     assert finished <= set(counts)
@@ -235,15 +219,16 @@ async def test_cancelled_reads_leave_nothing_behind_and_the_next_read_is_whole(
         await _put(saver, "t", n, size=2_000 if n < 130 else 30_000)
     newest = _config("t")
 
-    async def read_one() -> None:
+    async def read_one(_: int) -> None:
         for _ in range(BURST):
             found = await saver.aget_tuple(newest)  # type: ignore[arg-type]
             assert found is not None
 
-    async def read_all() -> None:
+    async def read_all(_: int) -> None:
         assert len([item async for item in saver.alist(newest)]) == 130  # type: ignore[arg-type]
 
-    await cancel_reads(db, store, kind, read_one, read_all)
+    for read in (read_one, read_all):
+        await cancel_each(db, store, kind, read, ATTEMPTS // 2)
     found = await saver.aget_tuple(newest)  # type: ignore[arg-type]
     assert found is not None
     assert found.checkpoint["channel_values"] == _values(130, 30_000)

@@ -14,7 +14,6 @@ call works, and nothing reached the loop's exception handler.
 from __future__ import annotations
 
 import json
-import random
 import uuid
 from typing import Any
 
@@ -25,8 +24,8 @@ from conftest import ENGINES, Store
 from memorm import Database
 from memorm.compat.langgraph import MemormStore
 from memorm.types import VectorType
-from reliability.test_cancellation import KINDS, assert_clean, loop_errors, settle
-from reliability.test_langgraph_cancel import ATTEMPTS, BURST, Deadlines, cancel_reads
+from reliability.test_cancellation import KINDS
+from reliability.test_langgraph_cancel import ATTEMPTS, BURST, cancel_each
 
 pytestmark = [pytest.mark.anyio, pytest.mark.reliability, pytest.mark.long]
 
@@ -74,7 +73,6 @@ async def test_a_cancelled_aput_stores_the_item_with_its_embeddings_or_leaves_th
     db: Database, store: Store, kind: str
 ) -> None:
     memories = await _store(db)
-    deadlines = Deadlines(random.Random(f"store-put-{kind}-{store.engine}"))
     finished: dict[str, int] = {}  # key: the n of the last put to it that returned
 
     async def put(n: int) -> None:  # attempt n: BURST puts, in turn
@@ -83,15 +81,7 @@ async def test_a_cancelled_aput_stores_the_item_with_its_embeddings_or_leaves_th
             await memories.aput(("zoo",), key, _value(m))
             finished[key] = m
 
-    await deadlines.warm_up(*(lambda n=n: put(n) for n in range(3)))
-    with loop_errors() as errors:
-        for n in range(3, ATTEMPTS + 3):
-            await deadlines.run(kind, lambda n=n: put(n))
-            assert db.engine.pool.checkedout() == 0
-        await settle()
-    assert errors == []
-    assert deadlines.cancelled > ATTEMPTS // 5  # the deadlines did land mid-flight
-    await assert_clean(db, store)
+    await cancel_each(db, store, kind, put)
     values, vectors = await _stored(db)
     assert set(vectors) <= set(values)  # no embedding without its item
     for key, value in values.items():  # each item whole: its embeddings are its value's
@@ -115,15 +105,16 @@ async def test_cancelled_searches_leave_nothing_behind_and_the_next_search_is_wh
     for n in range(60):
         await memories.aput(("zoo", f"n{n % 3}"), f"k{n}", _value(n))
 
-    async def by_query() -> None:
+    async def by_query(_: int) -> None:
         for _ in range(BURST):
             assert len(await memories.asearch(("zoo",), query="dog 7", limit=20)) == 20
 
-    async def by_filter() -> None:
+    async def by_filter(_: int) -> None:
         for _ in range(BURST):
             assert len(await memories.asearch(("zoo",), filter={"n": {"$gte": 10}}, limit=20)) == 20
 
-    await cancel_reads(db, store, kind, by_query, by_filter)
+    for search in (by_query, by_filter):
+        await cancel_each(db, store, kind, search, ATTEMPTS // 2)
     assert [item.key for item in await memories.asearch(("zoo",), filter={"n": 7})] == ["k7"]
     found = await memories.asearch(("zoo",), query="cat 7", limit=60)
     assert len(found) == 60
