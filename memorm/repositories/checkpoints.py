@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import builtins
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from typing import Any, NamedTuple
 
@@ -25,6 +25,7 @@ from memorm.repositories.base import Repository
 from memorm.search.filters import json_key_conditions
 from memorm.translate import check_writable, guarded
 from memorm.types import UUIDType, utcnow
+from memorm.types.json import json_pairs
 from memorm.validation import MAX_PAGE, as_uuid, check_int, check_json_object, check_name
 
 __all__ = ["CheckpointKey", "CheckpointRepository", "FoundCheckpoint", "StoredCheckpoint", "StoredWrite"]
@@ -144,13 +145,12 @@ _THREAD = sa.select(*_LISTED, CHECKPOINTS.c.meta, sa.bindparam("key", type_=sa.T
 )
 
 
-def _with_state(found: sa.Select[Any], each: Callable[..., Any], *, lateral: bool) -> sa.CompoundSelect[Any]:
+def _with_state(found: sa.Select[Any], *, lateral: bool) -> sa.CompoundSelect[Any]:
     """`found` (one checkpoint at most) with its pending writes and its channels' values.
 
     Rows of two parts: `w`, the checkpoint with one of its writes (in order),
     or with none; `b`, one value of a channel at the version the checkpoint
-    holds, found through its `channel_versions` (`each`: the database's
-    JSON object to (key, value) rows function).  `unknown`: the checkpoint
+    holds, found through its `channel_versions` (`json_pairs`).  `unknown`: the checkpoint
     has no `channel_versions` (stored before revision 0014).
 
     `lateral` (Postgres): the writes are a lateral subquery on the
@@ -187,7 +187,7 @@ def _with_state(found: sa.Select[Any], each: Callable[..., Any], *, lateral: boo
         with_writes = sa.select(*head, *write_columns).select_from(checkpoint.outerjoin(writes, its_writes))
     # Each (channel, version) the checkpoint holds, its value looked up by the full primary key
     # (scalar subqueries: no planner starts from the agent's blobs); NULL if none is stored.
-    pairs = each(checkpoint.c.channel_versions).table_valued("key", "value")
+    pairs = json_pairs(checkpoint.c.channel_versions).table_valued("key", "value")
     at_version = scoped(blobs, blobs.c.channel == pairs.c.key, blobs.c.version == pairs.c.value)
     kind, value = (
         sa.select(column).where(at_version).scalar_subquery()
@@ -202,19 +202,15 @@ def _with_state(found: sa.Select[Any], each: Callable[..., Any], *, lateral: boo
     return both.order_by(order.part.desc(), order.task_path, order.task_id, order.idx)
 
 
-def _reads(
-    each: Callable[..., Any], *, lateral: bool
-) -> tuple[sa.CompoundSelect[Any], sa.CompoundSelect[Any]]:
+def _reads(*, lateral: bool) -> tuple[sa.CompoundSelect[Any], ...]:
     """A thread's newest checkpoint, and the one of an id, each with its writes and values."""
     latest = _THREAD.order_by(CHECKPOINTS.c.checkpoint_id.desc()).limit(1)
     by_id = _THREAD.where(CHECKPOINTS.c.checkpoint_id == sa.bindparam("checkpoint_id"))
-    return _with_state(latest, each, lateral=lateral), _with_state(by_id, each, lateral=lateral)
+    return _with_state(latest, lateral=lateral), _with_state(by_id, lateral=lateral)
 
 
-_READS = {
-    "postgresql": _reads(sa.func.jsonb_each_text, lateral=True),
-    "sqlite": _reads(sa.func.json_each, lateral=False),
-}
+# Postgres's writes are a lateral subquery; SQLite has no LATERAL (its nested loops need none).
+_READS = {True: _reads(lateral=False), False: _reads(lateral=True)}  # by whether the link is SQLite
 _WRITES_OF = (  # one checkpoint's pending writes, in order
     sa.select(
         CHECKPOINT_WRITES.c.task_id,
@@ -321,7 +317,7 @@ class CheckpointRepository(Repository):
         meta = check_json_object(checkpoint.meta, "metadata")
         row = (owner, agent, session, ns, checkpoint_id, checkpoint.parent_checkpoint_id, kind, value, meta)
         versions = checkpoint.versions
-        if not self.link.sqlite and not self._distributed:
+        if self._one_server_postgres:
             # One statement, one round trip (a graph step's; alone, it needs no BEGIN/COMMIT).
             # On Citus the two inserts stay apart: each routes to the session's shard.
             params: dict[str, Any] = dict(zip(_CHECKPOINT_COLUMNS, (*row, utcnow(), versions), strict=True))
@@ -424,7 +420,7 @@ class CheckpointRepository(Repository):
             "key": key,
             "ns": checkpoint_ns,
         }
-        latest, by_id = _READS["sqlite" if self.link.sqlite else "postgresql"]
+        latest, by_id = _READS[self.link.sqlite]
         if checkpoint_id is None:
             rows = await fetch(self.link, latest, params)
         else:

@@ -255,7 +255,7 @@ class StoreRepository(Repository):
             return
         owner, agent = self._owner, as_uuid(agent_id, "agent_id")
         first = items[0]
-        if len(items) == 1 and not self.link.sqlite and not self._distributed:
+        if len(items) == 1 and self._one_server_postgres:
             # One statement, one round trip (alone in its unit of work: no BEGIN/COMMIT either).
             params = {
                 "tenant": owner,

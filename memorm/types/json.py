@@ -10,9 +10,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.types import TypeEngine
 
-__all__ = ["JSONType", "dumps", "loads"]
+__all__ = ["JSONType", "dumps", "json_pairs", "loads"]
 
 
 # A JSON string (skipped whole), or a number written with a positive exponent.
@@ -125,3 +126,23 @@ class JSONType(sa.types.TypeDecorator[Any]):
         if dialect.name == "postgresql":
             return dialect.type_descriptor(postgresql.JSONB(none_as_null=True))
         return dialect.type_descriptor(sa.JSON(none_as_null=True))
+
+
+class json_pairs(sa.sql.functions.GenericFunction[Any]):
+    """A JSON object column's members as rows of `(key, value)`, values as text.
+
+    `jsonb_each_text` on Postgres, `json_each` on SQLite; use it table-valued:
+    `json_pairs(column).table_valued("key", "value")`.
+    """
+
+    inherit_cache = True
+
+
+@compiles(json_pairs, "postgresql")
+def _json_pairs_postgres(element: json_pairs, compiler: Any, **kw: Any) -> str:
+    return f"jsonb_each_text({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(json_pairs, "sqlite")
+def _json_pairs_sqlite(element: json_pairs, compiler: Any, **kw: Any) -> str:
+    return f"json_each({compiler.process(element.clauses, **kw)})"
