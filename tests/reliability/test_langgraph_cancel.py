@@ -253,6 +253,60 @@ async def test_an_alist_left_unfinished_holds_no_connection(db: Database, store:
     await _put(saver, "t", 121, size=10)
 
 
+async def beside_threads(
+    threads: int, in_thread: Callable[[int], Awaitable[Any]], on_main_loop: Callable[[int], Awaitable[Any]]
+) -> int:
+    """Run `in_thread(index)` under `asyncio.run` in each of `threads` worker threads, while the
+    main loop runs `on_main_loop(n)` for n = 1, 2, … until they are done; how many main-loop calls.
+
+    Nothing may fail, hang, or reach any loop's exception handler.
+    """
+    failures: list[BaseException] = []
+    thread_errors: list[dict[str, Any]] = []
+
+    def thread(index: int) -> None:
+        async def work() -> None:
+            # What reaches this loop's exception handler is recorded, as loop_errors does on the main loop.
+            asyncio.get_running_loop().set_exception_handler(
+                lambda _loop, context: thread_errors.append(context)
+            )
+            await in_thread(index)
+            await settle()
+
+        try:
+            asyncio.run(work())
+        except BaseException as error:  # reported on the main loop
+            failures.append(error)
+
+    calls = 0
+    done = False
+
+    async def main_loop() -> None:
+        nonlocal calls
+        while not done:
+            calls += 1
+            await on_main_loop(calls)
+
+    def run_threads() -> None:
+        started = [threading.Thread(target=thread, args=(i,), daemon=True) for i in range(threads)]
+        for each in started:
+            each.start()
+        for each in started:
+            each.join(120)
+        assert not any(each.is_alive() for each in started), "a thread hung"
+
+    with loop_errors() as errors:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(main_loop)
+            await anyio.to_thread.run_sync(run_threads)
+            done = True
+        await settle()
+    assert failures == []
+    assert errors == []
+    assert thread_errors == []
+    return calls
+
+
 SYNC_THREADS = 3
 SYNC_RUNS = 15
 
@@ -263,64 +317,28 @@ async def test_sync_put_and_get_tuple_from_threads_running_asyncio_run_beside_th
 ) -> None:
     """Each worker thread runs `asyncio.run`; inside it, sync `put`/`get_tuple` and cancelled `aput`s."""
     saver = await _saver(db)
-    failures: list[BaseException] = []
     timed_out = [0] * SYNC_THREADS
 
-    thread_errors: list[dict[str, Any]] = []
-
-    def thread(index: int) -> None:
-        async def work() -> None:
-            # What reaches this loop's exception handler is recorded, as loop_errors does on the main loop.
-            asyncio.get_running_loop().set_exception_handler(
-                lambda _loop, context: thread_errors.append(context)
-            )
-            for n in range(1, SYNC_RUNS + 1):
-                checkpoint, metadata, versions = _checkpoint(n)
-                stored = saver.put(_config(f"sync-{index}"), checkpoint, metadata, versions)  # type: ignore[arg-type]
-                found = saver.get_tuple(stored)
-                assert found is not None
-                assert found.checkpoint["channel_values"] == _values(n, 2_000)
-                # This loop's own cancelled writes, amid the main loop's and the sync loop's.
-                try:
-                    await asyncio.wait_for(_put(saver, f"cancelled-{index}", n), 0.0005 * (n % 6))
-                except asyncio.TimeoutError:
-                    timed_out[index] += 1
-            await settle()
-
-        try:
-            asyncio.run(work())
-        except BaseException as error:  # reported on the main loop
-            failures.append(error)
-
-    main_puts = 0
-    done = False
-
-    async def main_loop_puts() -> None:
-        nonlocal main_puts
-        while not done:
-            main_puts += 1
-            await _put(saver, "main", main_puts)
-            found = await saver.aget_tuple(_config("main"))  # type: ignore[arg-type]
+    async def in_thread(index: int) -> None:
+        for n in range(1, SYNC_RUNS + 1):
+            checkpoint, metadata, versions = _checkpoint(n)
+            stored = saver.put(_config(f"sync-{index}"), checkpoint, metadata, versions)  # type: ignore[arg-type]
+            found = saver.get_tuple(stored)
             assert found is not None
-            assert found.checkpoint["id"] == f"{main_puts:08}"
+            assert found.checkpoint["channel_values"] == _values(n, 2_000)
+            # This loop's own cancelled writes, amid the main loop's and the sync loop's.
+            try:
+                await asyncio.wait_for(_put(saver, f"cancelled-{index}", n), 0.0005 * (n % 6))
+            except asyncio.TimeoutError:
+                timed_out[index] += 1
 
-    def run_threads() -> None:
-        threads = [threading.Thread(target=thread, args=(i,), daemon=True) for i in range(SYNC_THREADS)]
-        for each in threads:
-            each.start()
-        for each in threads:
-            each.join(120)
-        assert not any(each.is_alive() for each in threads), "a thread hung"
+    async def main_loop_put(n: int) -> None:
+        await _put(saver, "main", n)
+        found = await saver.aget_tuple(_config("main"))  # type: ignore[arg-type]
+        assert found is not None
+        assert found.checkpoint["id"] == f"{n:08}"
 
-    with loop_errors() as errors:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(main_loop_puts)
-            await anyio.to_thread.run_sync(run_threads)
-            done = True
-        await settle()
-    assert failures == []
-    assert errors == []
-    assert thread_errors == []
+    main_puts = await beside_threads(SYNC_THREADS, in_thread, main_loop_put)
     assert sum(timed_out) > 0  # the threads' own cancellations did land
     assert main_puts > 0
     assert db.engine.pool.checkedout() == 0

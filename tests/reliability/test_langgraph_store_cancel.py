@@ -13,6 +13,7 @@ call works, and nothing reached the loop's exception handler.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from typing import Any
@@ -22,10 +23,18 @@ import sqlalchemy as sa
 from conftest import ENGINES, Store
 
 from memorm import Database
+from memorm.compat.langchain import adispose_sync
 from memorm.compat.langgraph import MemormStore
 from memorm.types import VectorType
-from reliability.test_cancellation import KINDS
-from reliability.test_langgraph_cancel import ATTEMPTS, BURST, cancel_each
+from reliability.test_cancellation import KINDS, assert_clean
+from reliability.test_langgraph_cancel import (
+    ATTEMPTS,
+    BURST,
+    SYNC_RUNS,
+    SYNC_THREADS,
+    beside_threads,
+    cancel_each,
+)
 
 pytestmark = [pytest.mark.anyio, pytest.mark.reliability, pytest.mark.long]
 
@@ -54,17 +63,34 @@ async def _store(db: Database) -> MemormStore:
     return MemormStore(db, agent=agent.id, index={"dims": DIMS, "embed": embed, "fields": ["a", "b"]})
 
 
-async def _stored(db: Database) -> tuple[dict[str, Any], dict[str, dict[str, list[float]]]]:
-    """The items' values by key, and their embeddings by key and field."""
+Where = tuple[str, str]  # an item's namespace (joined) and key
+
+
+async def _stored(db: Database) -> dict[Where, dict[str, Any]]:
+    """Every item's value, by namespace and key, after checking it is whole.
+
+    Whole: its embeddings are those of its value's fields, and no embedding
+    is left without its item.
+    """
     decode = VectorType().result_processor(db.engine.dialect, None)
     async with db.unit_of_work(read_only=True) as uow:
-        items = await uow.session.execute(sa.text("SELECT key, value FROM graph_store_items"))
-        values = {key: value if isinstance(value, dict) else json.loads(value) for key, value in items}
-        rows = await uow.session.execute(sa.text("SELECT key, field, embedding FROM graph_store_vectors"))
-        vectors: dict[str, dict[str, list[float]]] = {}
-        for key, field, embedding in rows:
-            vectors.setdefault(key, {})[field] = decode(embedding) if decode else embedding
-    return values, vectors
+        items = await uow.session.execute(sa.text("SELECT namespace, key, value FROM graph_store_items"))
+        values = {
+            (ns, key): value if isinstance(value, dict) else json.loads(value) for ns, key, value in items
+        }
+        rows = await uow.session.execute(
+            sa.text("SELECT namespace, key, field, embedding FROM graph_store_vectors")
+        )
+        vectors: dict[Where, dict[str, list[float]]] = {}
+        for ns, key, field, embedding in rows:
+            vectors.setdefault((ns, key), {})[field] = decode(embedding) if decode else embedding
+    assert set(vectors) <= set(values)  # no embedding without its item
+    for where, value in values.items():  # each item whole: its embeddings are its value's
+        expected = dict(zip(("a", "b"), embed([value["a"], value["b"]]), strict=True))
+        assert set(vectors[where]) == {"a", "b"}, where
+        for field, vector in vectors[where].items():
+            assert vector == pytest.approx(expected[field], abs=1e-5)
+    return values
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -82,18 +108,12 @@ async def test_a_cancelled_aput_stores_the_item_with_its_embeddings_or_leaves_th
             finished[key] = m
 
     await cancel_each(db, store, kind, put)
-    values, vectors = await _stored(db)
-    assert set(vectors) <= set(values)  # no embedding without its item
-    for key, value in values.items():  # each item whole: its embeddings are its value's
-        expected = dict(zip(("a", "b"), embed([value["a"], value["b"]]), strict=True))
-        assert set(vectors[key]) == {"a", "b"}
-        for field, vector in vectors[key].items():
-            assert vector == pytest.approx(expected[field], abs=1e-5)
+    values = await _stored(db)
     for key, m in finished.items():  # a put that returned is there, or a later one replaced it
-        assert values[key]["n"] >= m
+        assert values["zoo", key]["n"] >= m
     await memories.aput(("zoo",), "after", _value(0))  # the next call works
     found = await memories.asearch(("zoo",), query="cat 0", limit=1)
-    assert found[0].key in {"after", *values}
+    assert found[0].key in {"after", *(key for _, key in values)}
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -118,3 +138,48 @@ async def test_cancelled_searches_leave_nothing_behind_and_the_next_search_is_wh
     assert [item.key for item in await memories.asearch(("zoo",), filter={"n": 7})] == ["k7"]
     found = await memories.asearch(("zoo",), query="cat 7", limit=60)
     assert len(found) == 60
+
+
+@pytest.mark.parametrize("engine", ENGINES, indirect=True)
+async def test_puts_from_threads_running_asyncio_run_beside_the_main_loop_cancel_cleanly(
+    db: Database, store: Store
+) -> None:
+    """Each worker thread runs `asyncio.run`: sync `put`/`get`, and `aput`s its own loop cancels.
+
+    Its loop cancels by `asyncio.wait_for` and by `task.cancel()`, while the main
+    loop puts through the same `Database` and store: every item ends whole (its
+    embeddings its value's) or as before, and every pool lets go.
+    """
+    memories = await _store(db)
+    cancelled = [0] * SYNC_THREADS
+
+    async def in_thread(index: int) -> None:
+        for n in range(1, SYNC_RUNS + 1):
+            memories.put(("sync", str(index)), f"k{n}", _value(n))  # memorm's sync loop, from here
+            found = memories.get(("sync", str(index)), f"k{n}")
+            assert found is not None
+            assert found.value == _value(n)
+            put = memories.aput(("cancelled", str(index)), f"k{n % 4}", _value(n))
+            try:
+                if n % 2:
+                    await asyncio.wait_for(put, 0.0005 * (n % 6))
+                else:
+                    task = asyncio.ensure_future(put)
+                    await asyncio.sleep(0.0005 * (n % 6))
+                    task.cancel()
+                    await task
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                cancelled[index] += 1
+
+    async def main_loop_put(n: int) -> None:
+        await memories.aput(("main",), f"k{n % 5}", _value(n))
+
+    main_puts = await beside_threads(SYNC_THREADS, in_thread, main_loop_put)
+    assert sum(cancelled) > 0  # the threads' own cancellations did land
+    assert main_puts > 0
+    await _stored(db)  # every item whole
+    for index in range(SYNC_THREADS):
+        listed = await memories.asearch(("sync", str(index)), limit=100)
+        assert sorted(item.key for item in listed) == sorted(f"k{n}" for n in range(1, SYNC_RUNS + 1))
+    await adispose_sync(db)  # the sync loop's pool, then the main loop's: both let go of everything
+    await assert_clean(db, store)
