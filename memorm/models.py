@@ -455,7 +455,7 @@ class GraphStoreItem(_StoreRow, table=True):
     value: dict[str, Any] = Field(default_factory=_EMPTY, sa_type=JSONType, nullable=False)
     created_at: datetime = Field(default_factory=_NOW, sa_type=UTCDateTime, nullable=False)
     updated_at: datetime = Field(default_factory=_NOW, sa_type=UTCDateTime, nullable=False)
-    # When the item expires (never returned after, deleted by a sweep); None: never.
+    # When the item expires (a sweep deletes it after; reads may skip it); None: never.
     expires_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     # Minutes each read (with refresh) or write moves `expires_at` on by; None: no expiry.
     ttl_minutes: float | None = Field(default=None, sa_type=sa.Float)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import operator
 import uuid
 from typing import Annotated, Any
@@ -18,7 +19,7 @@ from probes import count_sqlite_hops
 from typing_extensions import TypedDict
 
 from memorm import Database, NotFoundError, ValidationError
-from memorm.compat.langgraph import MemormSaver
+from memorm.compat.langgraph import BlockingCallError, MemormSaver
 from memorm.repositories.checkpoints import CheckpointKey, StoredWrite
 from memorm.testing import capture_statements
 from memorm.uow import UnitOfWork
@@ -219,6 +220,29 @@ async def test_the_sync_interface_runs_a_graph_from_a_worker_thread(db: Database
     ]
     await anyio.to_thread.run_sync(saver.delete_thread, "sync")
     assert await saver.aget_tuple(thread("sync")) is None
+
+
+async def test_sync_calls_on_a_running_loops_thread_refuse_unless_allowed(db: Database) -> None:
+    agent = await _agent(db)
+    saver = MemormSaver(db, agent=agent)
+    graph = counter().compile(checkpointer=saver)
+    calls = [
+        lambda: graph.invoke({"steps": [], "count": 3}, thread("loop")),
+        lambda: saver.get_tuple(thread("loop")),
+        lambda: list(saver.list(None)),
+        lambda: saver.delete_thread("loop"),
+        lambda: saver.prune(["loop"]),
+    ]
+    for call in calls:
+        with pytest.raises(BlockingCallError, match="would block") as refused:
+            call()
+        assert isinstance(refused.value, asyncio.InvalidStateError)
+    assert [t async for t in saver.alist(None)] == []
+    # allow_blocking: they run here, blocking this loop until done.
+    blocking = MemormSaver(db, agent=agent, allow_blocking=True)
+    done = counter().compile(checkpointer=blocking).invoke({"steps": [], "count": 3}, thread("loop"))
+    assert done == {"steps": ["count", "double"], "count": 8}
+    assert blocking.get_tuple(thread("loop")) is not None
 
 
 async def test_bad_input_is_a_validation_error_before_anything_is_written(db: Database) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import operator
 import uuid
@@ -20,7 +21,8 @@ from probes import count_sqlite_hops
 from typing_extensions import TypedDict
 
 from memorm import Database, NotFoundError, ValidationError
-from memorm.compat.langgraph import MemormSaver, MemormStore
+from memorm.compat.langgraph import BlockingCallError, MemormSaver, MemormStore
+from memorm.errors import ConflictError
 from memorm.models import STORE_ITEMS, STORE_VECTORS
 from memorm.testing import capture_statements
 from memorm.types import utcnow
@@ -303,20 +305,126 @@ async def _backdate(db: Database, key: str, minutes: float) -> None:
         )
 
 
-async def test_expired_items_are_never_returned_and_a_sweep_deletes_them(db: Database) -> None:
-    store = MemormStore(db, agent=await _agent(db), ttl={"default_ttl": 10, "refresh_on_read": True})
+async def test_expired_items_are_read_until_swept_unless_omit_expired(db: Database) -> None:
+    # LangGraph's default (omit_expired False): an expired item stays until a sweep deletes it.
+    agent = await _agent(db)
+    store = MemormStore(db, agent=agent, ttl={"default_ttl": 10, "refresh_on_read": False})
     await store.aput(("ttl",), "old", {"v": 1})
     await store.aput(("ttl",), "forever", {"v": 2}, ttl=None)
     await store.aput(("other",), "old2", {"v": 3})
     await _backdate(db, "old", 1)
     await _backdate(db, "old2", 1)
-    assert await store.aget(("ttl",), "old") is None  # expired, not yet swept
-    assert [i.key for i in await store.asearch(("ttl",))] == ["forever"]
-    assert await store.alist_namespaces() == [("ttl",)]
+    late = await _expires(db, "old")
+    assert (await store.aget(("ttl",), "old")) is not None  # expired, not yet swept
+    assert sorted(i.key for i in await store.asearch(("ttl",))) == ["forever", "old"]
+    assert await store.alist_namespaces() == [("other",), ("ttl",)]
+    assert await _expires(db, "old") == late  # read without refresh
+    # omit_expired: reads skip them, and a read that refreshes does not bring them back.
+    omitting = MemormStore(db, agent=agent, ttl={"default_ttl": 10, "omit_expired": True})
+    assert await omitting.aget(("ttl",), "old", refresh_ttl=True) is None
+    assert [i.key for i in await omitting.asearch(("ttl",), refresh_ttl=True)] == ["forever"]
+    assert await omitting.alist_namespaces() == [("ttl",)]
+    assert await _expires(db, "old") == late
+    # Without omit_expired, a read that refreshes does (as LangGraph's stores).
+    assert await store.aget(("ttl",), "old", refresh_ttl=True) is not None
+    assert await _expires(db, "old") - utcnow() > timedelta(minutes=9)
     assert await _rows(db, STORE_ITEMS) == 3
-    assert await store.asweep_ttl() == 2
-    assert await _rows(db, STORE_ITEMS) == 1
+    assert await store.asweep_ttl() == 1  # old2
+    assert await _rows(db, STORE_ITEMS) == 2
     assert await anyio.to_thread.run_sync(store.sweep_ttl) == 0
+    assert await store.alist_namespaces() == [("ttl",)]
+
+
+_FAST = 0.002  # minutes between sweeps (0.12 s) in the sweeper tests
+
+
+async def _swept(db: Database, left: int) -> None:
+    """Wait (10 s at most) until the items left are `left`."""
+    with anyio.fail_after(10):
+        while await _rows(db, STORE_ITEMS) != left:  # noqa: ASYNC110 (the sweeper signals nothing: poll)
+            await anyio.sleep(0.02)
+
+
+async def test_the_async_sweeper_deletes_expired_items_until_stopped(db: Database) -> None:
+    store = MemormStore(db, agent=await _agent(db), ttl={"default_ttl": 10, "sweep_interval_minutes": _FAST})
+    await store.aput(("ttl",), "old", {"v": 1})
+    await store.aput(("ttl",), "new", {"v": 2})
+    task = await store.astart_ttl_sweeper()
+    assert await store.astart_ttl_sweeper() is task  # one sweeper a store
+    with pytest.raises(ConflictError, match="astart_ttl_sweeper"):
+        store.start_ttl_sweeper()
+    await _backdate(db, "old", 1)
+    await _swept(db, 1)
+    assert await store.astop_ttl_sweeper(timeout=5)
+    assert task.cancelled()
+    await _backdate(db, "new", 1)
+    await anyio.sleep(_FAST * 60 * 3)  # stopped: nothing more is swept
+    assert await _rows(db, STORE_ITEMS) == 1
+    assert await store.astop_ttl_sweeper()  # again: nothing to stop
+    again = await store.astart_ttl_sweeper(sweep_interval_minutes=_FAST)
+    await _swept(db, 0)
+    again.cancel()  # the task itself may be cancelled too
+    assert await store.astop_ttl_sweeper(timeout=5)
+
+
+async def test_the_sync_sweeper_runs_on_memorms_sync_loop_until_stopped_or_cancelled(db: Database) -> None:
+    store = MemormStore(db, agent=await _agent(db), ttl={"default_ttl": 10})
+    await store.aput(("ttl",), "old", {"v": 1})
+    await store.aput(("ttl",), "new", {"v": 2})
+    await _backdate(db, "old", 1)
+    future = await anyio.to_thread.run_sync(store.start_ttl_sweeper, _FAST)
+    assert store.start_ttl_sweeper() is future
+    with pytest.raises(ConflictError, match="start_ttl_sweeper"):
+        await store.astart_ttl_sweeper()
+    await _swept(db, 1)  # the sweeper runs on while this loop awaits
+    assert await anyio.to_thread.run_sync(store.stop_ttl_sweeper, 5)
+    assert future.cancelled()
+    # Cancelling its future stops it as well.
+    future = await anyio.to_thread.run_sync(store.start_ttl_sweeper, _FAST)
+    await _backdate(db, "new", 1)
+    await _swept(db, 0)
+    future.cancel()
+    assert await store.astop_ttl_sweeper(timeout=5)
+    assert store.stop_ttl_sweeper()
+
+
+async def test_without_a_ttl_config_there_is_no_sweeper(db: Database) -> None:
+    store = MemormStore(db, agent=await _agent(db))
+    future = store.start_ttl_sweeper()
+    assert future.done()
+    assert future.result() is None
+    task = await store.astart_ttl_sweeper()
+    await task
+    assert store.stop_ttl_sweeper()
+    assert await store.astop_ttl_sweeper()
+    with pytest.raises(ValidationError, match="sweep_interval_minutes"):
+        store.start_ttl_sweeper(-1)
+    with pytest.raises(ValidationError, match="omit_expired"):
+        MemormStore(db, agent=store.agent_id, ttl={"omit_expired": "yes"})
+
+
+async def test_sync_methods_refuse_a_running_loops_thread_unless_allowed(db: Database) -> None:
+    store = MemormStore(db, agent=await _agent(db))
+    calls = [
+        lambda: store.put(("loop",), "k", {"v": 1}),
+        lambda: store.get(("loop",), "k"),
+        lambda: store.search(("loop",)),
+        lambda: store.list_namespaces(),
+        lambda: store.batch([GetOp(("loop",), "k")]),
+        store.sweep_ttl,
+        store.setup,
+    ]
+    for call in calls:
+        with pytest.raises(BlockingCallError, match="would block") as refused:
+            call()
+        assert isinstance(refused.value, asyncio.InvalidStateError)
+    assert await _rows(db, STORE_ITEMS) == 0
+    # From a worker thread they run; with allow_blocking, here too (blocking this loop a moment).
+    await anyio.to_thread.run_sync(lambda: store.put(("loop",), "k", {"v": 1}))
+    blocking = MemormStore(db, agent=store.agent_id, allow_blocking=True)
+    found = blocking.get(("loop",), "k")
+    assert found is not None
+    assert found.value == {"v": 1}
 
 
 async def _expires(db: Database, key: str) -> Any:

@@ -19,14 +19,23 @@ import atexit
 import contextlib
 import threading
 import weakref
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol, TypeVar
 
 import anyio
 
 from memorm.db import Database
+from memorm.errors import MemormError
 
-__all__ = ["BRIDGE", "SyncBridge", "adispose_sync", "dispose_sync"]
+__all__ = [
+    "BRIDGE",
+    "Blocking",
+    "BlockingCallError",
+    "SyncBridge",
+    "adispose_sync",
+    "dispose_sync",
+    "run_off_loop",
+]
 
 T = TypeVar("T")
 
@@ -55,6 +64,23 @@ class SyncBridge:
         finally:
             future.cancel()  # a no-op once done; stops the work if the caller was interrupted
 
+    def spawn(self, db: Database, work: Callable[[Database], Coroutine[Any, Any, T]]) -> asyncio.Task[T]:
+        """Start `work(db)` as a task on the private loop, without waiting for it to finish; the task.
+
+        The task belongs to the private loop: stop it with
+        `task.get_loop().call_soon_threadsafe(task.cancel)`.  At interpreter
+        exit, tasks still running are cancelled before the connections close.
+        """
+        loop = self._started()
+        self._used.add(db)
+        if threading.current_thread() is self._thread:
+            return loop.create_task(work(db))
+
+        async def create() -> asyncio.Task[T]:
+            return loop.create_task(work(db))
+
+        return asyncio.run_coroutine_threadsafe(create(), loop).result()
+
     def dispose(self, db: Database | None = None) -> None:
         """Close the private loop's connections of `db` (of every database, if None)."""
         loop = self._loop
@@ -67,6 +93,14 @@ class SyncBridge:
     async def _dispose(self, db: Database | None) -> None:
         for each in list(self._used) if db is None else [db]:
             await each.dispose_loop()
+
+    async def _close(self) -> None:
+        """Cancel the work still running on the private loop (sweepers), then close its connections."""
+        running = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        await self._dispose(None)
 
     def _started(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -94,13 +128,51 @@ class SyncBridge:
             return
         # Best effort at exit: a server that already went away must not hang the interpreter.
         with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(self._dispose(None), loop).result(timeout=_EXIT_TIMEOUT)
+            asyncio.run_coroutine_threadsafe(self._close(), loop).result(timeout=_EXIT_TIMEOUT)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=_EXIT_TIMEOUT)
 
 
 async def _call(db: Database, work: Callable[[Database], Awaitable[T]]) -> T:
     return await work(db)
+
+
+class BlockingCallError(MemormError, asyncio.InvalidStateError):
+    """A sync method was called on a thread whose event loop is running: it would stall that loop.
+
+    LangGraph's adapters refuse such calls, as LangGraph's own async savers
+    and stores do (hence also an `asyncio.InvalidStateError`): await the
+    async method instead, or call from another thread.  (It lives here, not
+    in `memorm.errors`, which does not import asyncio.)
+    """
+
+
+class Blocking(Protocol):
+    """An adapter whose sync methods refuse a running loop's thread unless `allow_blocking`."""
+
+    db: Database
+    allow_blocking: bool
+
+
+def run_off_loop(adapter: Blocking, method: str, work: Callable[[Database], Awaitable[T]]) -> T:
+    """`BRIDGE.run(adapter.db, work)` for the sync `method`, from a thread that runs no event loop.
+
+    On a running loop's thread it would block every task of that loop until
+    done: it raises `BlockingCallError` there (before any statement), unless
+    `adapter.allow_blocking`.
+    """
+    if not adapter.allow_blocking:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            name = type(adapter).__name__
+            raise BlockingCallError(
+                f"{name}.{method}() on the thread of a running event loop would block that loop: "
+                f"await {name}.a{method}() instead, or call {method}() from another thread"
+            )
+    return BRIDGE.run(adapter.db, work)
 
 
 BRIDGE = SyncBridge()

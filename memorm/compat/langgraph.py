@@ -47,7 +47,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from memorm.compat._sync import BRIDGE
+from memorm.compat._sync import BlockingCallError, run_off_loop
 from memorm.compat.langgraph_store import MemormStore
 from memorm.db import Database
 from memorm.errors import DatabaseError, NotFoundError, ValidationError
@@ -58,7 +58,7 @@ from memorm.search.filters import check_json_keys
 from memorm.uow import UnitOfWork
 from memorm.validation import MAX_COUNT, as_uuid, check_duration, check_int, check_name
 
-__all__ = ["PAGE", "MemormSaver", "MemormStore", "copy_checkpoints"]
+__all__ = ["PAGE", "BlockingCallError", "MemormSaver", "MemormStore", "copy_checkpoints"]
 
 PAGE = 100
 """Checkpoints read per query when listing."""
@@ -134,13 +134,17 @@ class MemormSaver(BaseCheckpointSaver[str]):
             session expiry to `ttl` from then, so a thread idle that long is
             deleted, with its state, by the next `purge_expired`.  Without
             it, the agent's `retention` applies to new sessions, if any.
+        allow_blocking: let the sync methods run on a thread whose event loop
+            is running, blocking that loop until done.  By default they raise
+            `BlockingCallError` there (an `asyncio.InvalidStateError`), as
+            LangGraph's async savers do.
 
     It implements LangGraph's whole `BaseCheckpointSaver`: `aput`,
     `aput_writes`, `aget_tuple`, `alist` (`filter` on metadata, `before`,
     `limit`), `adelete_thread`, `adelete_for_runs`, `acopy_thread` and
     `aprune`, and the sync methods, which run on memorm's sync loop (see
     `memorm.compat.langchain`), so a sync graph (`graph.invoke`) works
-    from any thread.  Bad input raises `memorm.errors.ValidationError`; an
+    from any thread that is not running an event loop.  Bad input raises `memorm.errors.ValidationError`; an
     unknown agent `NotFoundError` on the first write.  `adelete_thread`
     deletes the graph's state and keeps the session (and any messages other
     code keeps in it); deleting the session deletes both.
@@ -160,6 +164,7 @@ class MemormSaver(BaseCheckpointSaver[str]):
         agent: Agent | uuid.UUID | str,
         serde: SerializerProtocol | None = None,
         ttl: timedelta | float | None = None,
+        allow_blocking: bool = False,
     ) -> None:
         if getattr(serde, "pickle_fallback", False) or getattr(
             getattr(serde, "serde", None), "pickle_fallback", False
@@ -173,6 +178,9 @@ class MemormSaver(BaseCheckpointSaver[str]):
         self.db = db
         self.agent_id = as_uuid(agent.id if isinstance(agent, Agent) else agent, "agent")
         self.ttl = None if ttl is None else check_duration(ttl, "ttl")
+        if not isinstance(allow_blocking, bool):
+            raise ValidationError("allow_blocking: expected a bool")
+        self.allow_blocking = allow_blocking
         # Thread key -> session id, of sessions this saver made or found: a write
         # needs no lookup.  A session deleted since fails the write's foreign key
         # (or its expiry's update) and is looked up again (`_in_session`).
@@ -278,7 +286,7 @@ class MemormSaver(BaseCheckpointSaver[str]):
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """`aget_tuple` for sync code."""
-        return BRIDGE.run(self.db, lambda _: self.aget_tuple(config))
+        return run_off_loop(self, "get_tuple", lambda _: self.aget_tuple(config))
 
     def list(
         self,
@@ -291,7 +299,7 @@ class MemormSaver(BaseCheckpointSaver[str]):
         """`alist` for sync code: a page at a time, each read on memorm's sync loop."""
         query = _Listing(config, filter, before, limit)
         while not query.done:
-            yield from BRIDGE.run(self.db, lambda db: self._page(db, query))
+            yield from run_off_loop(self, "list", lambda db: self._page(db, query))
 
     def put(
         self,
@@ -301,7 +309,7 @@ class MemormSaver(BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         """`aput` for sync code."""
-        return BRIDGE.run(self.db, lambda _: self.aput(config, checkpoint, metadata, new_versions))
+        return run_off_loop(self, "put", lambda _: self.aput(config, checkpoint, metadata, new_versions))
 
     def put_writes(
         self,
@@ -311,23 +319,23 @@ class MemormSaver(BaseCheckpointSaver[str]):
         task_path: str = "",
     ) -> None:
         """`aput_writes` for sync code."""
-        BRIDGE.run(self.db, lambda _: self.aput_writes(config, writes, task_id, task_path))
+        run_off_loop(self, "put_writes", lambda _: self.aput_writes(config, writes, task_id, task_path))
 
     def delete_thread(self, thread_id: str) -> None:
         """`adelete_thread` for sync code."""
-        BRIDGE.run(self.db, lambda _: self.adelete_thread(thread_id))
+        run_off_loop(self, "delete_thread", lambda _: self.adelete_thread(thread_id))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """`adelete_for_runs` for sync code."""
-        BRIDGE.run(self.db, lambda _: self.adelete_for_runs(run_ids))
+        run_off_loop(self, "delete_for_runs", lambda _: self.adelete_for_runs(run_ids))
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """`acopy_thread` for sync code."""
-        BRIDGE.run(self.db, lambda _: self.acopy_thread(source_thread_id, target_thread_id))
+        run_off_loop(self, "copy_thread", lambda _: self.acopy_thread(source_thread_id, target_thread_id))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """`aprune` for sync code."""
-        BRIDGE.run(self.db, lambda _: self.aprune(thread_ids, strategy=strategy))
+        run_off_loop(self, "prune", lambda _: self.aprune(thread_ids, strategy=strategy))
 
     # -- the work -------------------------------------------------------------------
 

@@ -20,12 +20,17 @@ Importing `memorm` never imports LangGraph; only this module does.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import heapq
+import logging
+import threading
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, cast
 
+import anyio
 from langchain_core.embeddings import Embeddings
 from langgraph.store.base import (
     BaseStore,
@@ -46,9 +51,9 @@ from langgraph.store.base import (
     tokenize_path,
 )
 
-from memorm.compat._sync import BRIDGE
+from memorm.compat._sync import BRIDGE, run_off_loop
 from memorm.db import Database
-from memorm.errors import ValidationError
+from memorm.errors import ConflictError, MemormError, ValidationError
 from memorm.models import Agent
 from memorm.repositories.store import MAX_KEY_BYTES, NewItem, StoredItem, check_minutes
 from memorm.search.filters import check_value_filter
@@ -61,6 +66,9 @@ __all__ = ["InvalidNamespace", "MemormStore"]
 
 _LIST_PAGE = 1000  # namespaces read at a time when a listing filters them in Python
 _SWEEP_BATCH = 1000  # expired items deleted per transaction by a sweep
+_SWEEP_EVERY = 5.0  # minutes between the sweeper's sweeps, unless the TTL config or the call says
+
+_log = logging.getLogger(__name__)
 
 
 class InvalidNamespace(ValidationError, InvalidNamespaceError):
@@ -112,9 +120,32 @@ def _ttl_config(ttl: object) -> TTLConfig | None:
         raise ValidationError(f"ttl: unknown keys {sorted(map(str, unknown))}")
     config = cast("TTLConfig", dict(ttl))
     check_minutes(config.get("default_ttl"), "ttl.default_ttl")
-    if not isinstance(config.get("refresh_on_read", True), bool):
-        raise ValidationError("ttl.refresh_on_read: expected a bool")
+    check_minutes(config.get("sweep_interval_minutes"), "ttl.sweep_interval_minutes")
+    for flag in ("refresh_on_read", "omit_expired"):
+        if not isinstance(config.get(flag, False), bool):
+            raise ValidationError(f"ttl.{flag}: expected a bool")
     return config
+
+
+class _Sweeper:
+    """A running TTL sweeper: its task (on the caller's loop or memorm's sync loop)."""
+
+    __slots__ = ("ended", "handle", "task")
+
+    def __init__(
+        self, task: asyncio.Task[None], handle: asyncio.Task[None] | concurrent.futures.Future[None]
+    ) -> None:
+        self.task = task
+        self.handle = handle  # what the start method returned
+        self.ended = threading.Event()
+        task.add_done_callback(lambda _: self.ended.set())
+
+    def stop(self) -> None:
+        """Cancel the task (a sweep under way rolls back), from any thread."""
+        try:
+            self.task.get_loop().call_soon_threadsafe(self.task.cancel)
+        except RuntimeError:  # its loop has closed: the task is gone with it
+            self.ended.set()
 
 
 class _Index:
@@ -180,13 +211,22 @@ class MemormStore(BaseStore):
             default, `"inner_product"` or `"l2"`).  Without it `search`
             ignores `query` and lists newest first.
         ttl: LangGraph's `TTLConfig`: `default_ttl` (minutes an item lives
-            after its last write, or read with refresh) and `refresh_on_read`
-            (default True).  An expired item is never returned, even before
-            a sweep (`sweep_ttl` / `asweep_ttl`) deletes it.
+            after its last write, or read with refresh), `refresh_on_read`
+            (default True), `sweep_interval_minutes` (of the background
+            sweeper, default 5) and `omit_expired`.  As in LangGraph's
+            stores, an expired item is still read until a sweep deletes it
+            (`start_ttl_sweeper`, or `sweep_ttl` when you choose), unless
+            `omit_expired` is True: then reads skip it, and never refresh it.
+        allow_blocking: let the sync methods run on a thread whose event
+            loop is running, blocking that loop until they are done (as
+            LangGraph's `InMemoryStore` runs anywhere).  By default they raise
+            `BlockingCallError` (`memorm.compat.langgraph`) there, as LangGraph's `AsyncPostgresStore`
+            does (an `asyncio.InvalidStateError`).
 
     Every operation of LangGraph's `BaseStore` works, async (`aget`, `aput`,
     `asearch` with `filter` and `query`, `alist_namespaces`, `abatch`…) and
-    sync from any thread (on memorm's sync loop, as `MemormSaver`).  A batch
+    sync from any thread without a running event loop (on memorm's sync
+    loop, as `MemormSaver`).  A batch
     is checked whole before any statement (bad namespaces raise
     `InvalidNamespace`, both memorm's `ValidationError` and LangGraph's
     `InvalidNamespaceError`; other bad input `ValidationError`), embeds
@@ -211,6 +251,7 @@ class MemormStore(BaseStore):
         agent: Agent | uuid.UUID | str,
         index: IndexConfig | Mapping[str, Any] | None = None,
         ttl: TTLConfig | Mapping[str, Any] | None = None,
+        allow_blocking: bool = False,
     ) -> None:
         if not isinstance(db, Database):
             raise ValidationError(f"db: expected a memorm Database, got {type(db).__name__}")
@@ -220,6 +261,11 @@ class MemormStore(BaseStore):
         self.index_config: dict[str, Any] | None = None if index is None else dict(index)
         self.embeddings: Embeddings | None = None if self._index is None else self._index.embeddings
         self.ttl_config = _ttl_config(ttl)
+        if not isinstance(allow_blocking, bool):
+            raise ValidationError("allow_blocking: expected a bool")
+        self.allow_blocking = allow_blocking
+        self._sweeper: _Sweeper | None = None
+        self._sweeper_lock = threading.Lock()
         # Whether the HNSW index for this store's shape exists (Postgres): asked once, on the first search.
         self._indexed: bool | None = None
 
@@ -233,9 +279,15 @@ class MemormStore(BaseStore):
         return await self._batch(self.db, list(ops))
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
-        """`abatch` for sync code, on memorm's sync loop (from any thread)."""
+        """`abatch` for sync code, on memorm's sync loop (from any thread without a running loop)."""
         listed = list(ops)
-        return BRIDGE.run(self.db, lambda db: self._batch(db, listed))
+        return run_off_loop(self, "batch", lambda db: self._batch(db, listed))
+
+    @property
+    def _omit_expired(self) -> bool:
+        """Whether reads skip expired items not yet swept (read per call, as LangGraph's)."""
+        config = self.ttl_config
+        return bool(config and config.get("omit_expired"))
 
     async def asetup(self, *, m: int = 16, ef_construction: int = 64) -> None:
         """Build the HNSW index that searches by query use on Postgres (as the tables' owner).
@@ -258,7 +310,7 @@ class MemormStore(BaseStore):
 
     def setup(self, *, m: int = 16, ef_construction: int = 64) -> None:
         """`asetup` for sync code."""
-        BRIDGE.run(self.db, lambda _: self.asetup(m=m, ef_construction=ef_construction))
+        run_off_loop(self, "setup", lambda _: self.asetup(m=m, ef_construction=ef_construction))
 
     async def asweep_ttl(self) -> int:
         """Delete the agent's expired items (with their embeddings), in batches; how many."""
@@ -266,7 +318,116 @@ class MemormStore(BaseStore):
 
     def sweep_ttl(self) -> int:
         """`asweep_ttl` for sync code."""
-        return BRIDGE.run(self.db, self._sweep)
+        return run_off_loop(self, "sweep_ttl", self._sweep)
+
+    # -- the background sweeper -------------------------------------------------------
+
+    def start_ttl_sweeper(
+        self, sweep_interval_minutes: float | None = None
+    ) -> concurrent.futures.Future[None]:
+        """Sweep expired items every `sweep_interval_minutes` (or the config's, or 5) on memorm's sync loop.
+
+        As LangGraph's `PostgresStore.start_ttl_sweeper`: a future that is
+        done when the sweeper stops (cancel it, or `stop_ttl_sweeper`);
+        without a TTL config, a finished one.  A sweep that fails is logged
+        (`memorm.compat.langgraph_store`) and the next one tried.  Stop the
+        sweeper before disposing the database.
+        """
+        seconds = self._sweep_seconds(sweep_interval_minutes)
+        if seconds is None:
+            finished: concurrent.futures.Future[None] = concurrent.futures.Future()
+            finished.set_result(None)
+            return finished
+        with self._sweeper_lock:
+            running = self._running_sweeper("start_ttl_sweeper")
+            if running is not None:
+                return cast("concurrent.futures.Future[None]", running.handle)
+            task = BRIDGE.spawn(self.db, lambda db: self._sweep_every(db, seconds))
+            future: concurrent.futures.Future[None] = concurrent.futures.Future()
+            sweeper = self._sweeper = _Sweeper(task, future)
+        task.add_done_callback(lambda done: _settle(future, done))
+        future.add_done_callback(lambda done: sweeper.stop() if done.cancelled() else None)
+        return future
+
+    async def astart_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> asyncio.Task[None]:
+        """`start_ttl_sweeper` as a task on the running loop (as `AsyncPostgresStore.start_ttl_sweeper`).
+
+        The task ends when cancelled or stopped (`astop_ttl_sweeper`), or with its loop.
+        """
+        seconds = self._sweep_seconds(sweep_interval_minutes)
+        loop = asyncio.get_running_loop()
+        if seconds is None:
+            return loop.create_task(asyncio.sleep(0))
+        with self._sweeper_lock:
+            running = self._running_sweeper("astart_ttl_sweeper")
+            if running is not None:
+                return cast("asyncio.Task[None]", running.handle)
+            task = loop.create_task(self._sweep_every(self.db, seconds), name="memorm-ttl-sweeper")
+            self._sweeper = _Sweeper(task, task)
+        return task
+
+    def stop_ttl_sweeper(self, timeout: float | None = None) -> bool:
+        """Stop the sweeper and wait up to `timeout` seconds (None: until it has); whether it has stopped.
+
+        On the thread of a running event loop it asks the sweeper to stop and
+        returns at once, without blocking that loop.
+        """
+        sweeper = self._sweeper
+        if sweeper is None:
+            return True
+        sweeper.stop()
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            sweeper.ended.wait(timeout)
+        return self._stopped(sweeper)
+
+    async def astop_ttl_sweeper(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109 (LangGraph's)
+        """`stop_ttl_sweeper` for async code: waits (up to `timeout` seconds) without blocking the loop."""
+        sweeper = self._sweeper
+        if sweeper is None:
+            return True
+        sweeper.stop()
+        if sweeper.task.get_loop() is asyncio.get_running_loop():
+            await asyncio.wait({sweeper.task}, timeout=timeout)
+        else:
+            with anyio.move_on_after(timeout):
+                await anyio.to_thread.run_sync(sweeper.ended.wait, abandon_on_cancel=True)
+        return self._stopped(sweeper)
+
+    def _sweep_seconds(self, minutes: float | None) -> float | None:
+        """The sweeper's period, checked; None when the store has no TTL config (nothing to sweep)."""
+        checked = check_minutes(minutes, "sweep_interval_minutes")
+        if self.ttl_config is None:
+            return None
+        configured = self.ttl_config.get("sweep_interval_minutes")
+        return 60 * (checked or check_minutes(configured, "ttl.sweep_interval_minutes") or _SWEEP_EVERY)
+
+    def _running_sweeper(self, method: str) -> _Sweeper | None:
+        """The sweeper still running, if `method` may return it (started the same way)."""
+        running = self._sweeper
+        if running is None or running.ended.is_set():
+            return None
+        if isinstance(running.handle, asyncio.Task) != method.startswith("a"):
+            other = "astart_ttl_sweeper" if method == "start_ttl_sweeper" else "start_ttl_sweeper"
+            raise ConflictError(f"a sweeper started by {other}() is running: stop it first")
+        return running
+
+    def _stopped(self, sweeper: _Sweeper) -> bool:
+        with self._sweeper_lock:
+            if not sweeper.ended.is_set():
+                return False
+            if self._sweeper is sweeper:
+                self._sweeper = None
+            return True
+
+    async def _sweep_every(self, db: Database, seconds: float) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                await self._sweep(db)
+            except MemormError as error:
+                _log.warning("%r: a TTL sweep failed (the next is in %g s): %s", self, seconds, error)
 
     async def _sweep(self, db: Database) -> int:
         total = 0
@@ -287,7 +448,7 @@ class MemormStore(BaseStore):
                 puts[key] = op
         vectors = await self._embed_puts(list(puts.values()))
         queries = await self._embed_queries([op for op in checked if isinstance(op, SearchOp)])
-        now = utcnow()
+        now, expired = utcnow(), not self._omit_expired
         results: list[Result] = [None] * len(ops)
         refresh: list[StoredItem] = []
         # One item stored (the common `aput`): the put's one driver call commits with it.
@@ -296,15 +457,16 @@ class MemormStore(BaseStore):
         async with unit or db.unit_of_work(read_only=not puts) as uow:
             for position, op in enumerate(checked):
                 if not isinstance(op, _Put):
-                    results[position] = await self._read(uow, op, queries.get(id(op)), now, refresh)
+                    found = await self._read(uow, op, queries.get(id(op)), now, expired, refresh)
+                    results[position] = found
             if puts:
                 if refresh:
-                    await uow.graph_store.refresh(self.agent_id, refresh, now=now)
+                    await uow.graph_store.refresh(self.agent_id, refresh, now=now, expired=expired)
                     refresh = []
                 await self._write(uow, list(puts.values()), vectors, now)
         if refresh:
             async with db.unit_of_work() as uow:
-                await uow.graph_store.refresh(self.agent_id, refresh, now=now)
+                await uow.graph_store.refresh(self.agent_id, refresh, now=now, expired=expired)
         return results
 
     # -- checks (before any statement) -------------------------------------------------
@@ -419,11 +581,14 @@ class MemormStore(BaseStore):
         op: GetOp | SearchOp | ListNamespacesOp,
         query: list[float] | None,
         now: datetime,
+        expired: bool,
         refresh: list[StoredItem],
     ) -> Result:
+        """`op`'s result (`expired`: unswept expired items are read too); items to refresh join `refresh`."""
         store = uow.graph_store
         if isinstance(op, GetOp):
-            found = await store.get(self.agent_id, [(".".join(op.namespace), op.key)], now=now)
+            keys = [(".".join(op.namespace), op.key)]
+            found = await store.get(self.agent_id, keys, now=now, expired=expired)
             stored = next(iter(found.values()), None)
             if stored is None:
                 return None
@@ -449,13 +614,16 @@ class MemormStore(BaseStore):
                 query=query,
                 distance=self._index.distance if self._index is not None else "cosine",
                 approximate=approximate,
+                expired=expired,
             )
             if op.refresh_ttl:
                 refresh += [hit for hit in hits if hit.ttl_minutes is not None]
             return [_as_search_item(hit) for hit in hits]
-        return await self._list(uow, op, now)
+        return await self._list(uow, op, now, expired)
 
-    async def _list(self, uow: UnitOfWork, op: ListNamespacesOp, now: datetime) -> list[tuple[str, ...]]:
+    async def _list(
+        self, uow: UnitOfWork, op: ListNamespacesOp, now: datetime, expired: bool
+    ) -> list[tuple[str, ...]]:
         if op.limit == 0:
             return []
         conditions = list(op.match_conditions or ())
@@ -471,7 +639,7 @@ class MemormStore(BaseStore):
         store = uow.graph_store
         if plain:
             found = await store.namespaces(
-                self.agent_id, ".".join(fixed), now=now, limit=op.limit, offset=op.offset
+                self.agent_id, ".".join(fixed), now=now, limit=op.limit, offset=op.offset, expired=expired
             )
             return [tuple(namespace.split(".")) for namespace in found]
         # Filtered (wildcards, suffixes) or truncated (max_depth) in Python, a page of
@@ -482,7 +650,7 @@ class MemormStore(BaseStore):
         after: str | None = None
         while True:
             page = await store.namespaces(
-                self.agent_id, ".".join(fixed), now=now, limit=_LIST_PAGE, after=after
+                self.agent_id, ".".join(fixed), now=now, limit=_LIST_PAGE, after=after, expired=expired
             )
             for namespace in page:
                 labels = tuple(namespace.split("."))
@@ -521,6 +689,19 @@ class MemormStore(BaseStore):
             await store.delete(self.agent_id, deleted)
         if items:
             await store.put(self.agent_id, items, now=now)
+
+
+def _settle(future: concurrent.futures.Future[None], task: asyncio.Task[None]) -> None:
+    """Finish the sync sweeper's future as its task ended (unless the caller cancelled it first)."""
+    try:
+        if task.cancelled():
+            future.cancel()
+        elif task.exception() is not None:
+            future.set_exception(cast("BaseException", task.exception()))
+        else:
+            future.set_result(None)
+    except concurrent.futures.InvalidStateError:  # cancelled by its caller meanwhile
+        pass
 
 
 class _Last:

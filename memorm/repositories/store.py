@@ -1,10 +1,11 @@
 """`uow.graph_store`: an agent's long-term store (LangGraph's `BaseStore`): items and their embeddings.
 
 Items are JSON objects under a namespace (LangGraph's labels joined by ".")
-and a key; an item may expire (`expires_at`), after which no read returns
-it, and a sweep deletes it.  Every call names the agent, so it stays on one
-shard of a distributed database.  Callers (`memorm.compat.langgraph`) pass
-values checked, and the time `now` that decides what has expired.
+and a key; an item may expire (`expires_at`), after which reads skip it
+(unless told `expired`: LangGraph's stores read it until swept), and a
+sweep deletes it.  Every call names the agent, so it stays on one shard of
+a distributed database.  Callers (`memorm.compat.langgraph`) pass values
+checked, and the time `now` that decides what has expired.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from memorm.search.store_vectors import (
     unscored,
 )
 from memorm.translate import check_writable, guarded
-from memorm.validation import MAX_PAGE, as_uuid, check_int
+from memorm.validation import MAX_PAGE, MIN_TIME, as_uuid, check_int
 
 __all__ = ["MAX_KEY_BYTES", "NewItem", "StoreRepository", "StoredItem", "check_minutes", "under"]
 
@@ -213,6 +214,15 @@ def _expiry(now: datetime, ttl_minutes: float | None) -> datetime | None:
     return None if ttl_minutes is None else now + timedelta(minutes=ttl_minutes)
 
 
+def _cutoff(now: datetime, expired: bool) -> datetime:
+    """The time an item must outlive to be read: `now`, or with `expired` the earliest time memorm stores.
+
+    Every item expires after it was written, so nothing has expired at
+    `MIN_TIME`: the statements stay the same, and keep their cached plans.
+    """
+    return MIN_TIME if expired else now
+
+
 class StoreRepository(Repository):
     """An agent's long-term store: items under namespaces and keys, their embeddings, their expiry."""
 
@@ -224,11 +234,17 @@ class StoreRepository(Repository):
         return [*self._agent(_I, agent_id), sa.or_(_I.c.expires_at.is_(None), _I.c.expires_at > now)]
 
     async def get(
-        self, agent_id: uuid.UUID | str, keys: Sequence[tuple[str, str]], *, now: datetime
+        self,
+        agent_id: uuid.UUID | str,
+        keys: Sequence[tuple[str, str]],
+        *,
+        now: datetime,
+        expired: bool = False,
     ) -> dict[tuple[str, str], StoredItem]:
-        """The live items among `(namespace, key)`s, by their pair."""
+        """The live items among `(namespace, key)`s, by their pair (`expired`: and unswept expired ones)."""
         found: dict[tuple[str, str], StoredItem] = {}
         wanted = sorted(set(keys))
+        now = _cutoff(now, expired)
         if len(wanted) == 1:  # one get: the statement built once
             (namespace, key), agent = wanted[0], as_uuid(agent_id, "agent_id")
             params = {"tenant": self._owner, "agent": agent, "namespace": namespace, "key": key, "now": now}
@@ -341,8 +357,14 @@ class StoreRepository(Repository):
             )
         return deleted
 
-    async def refresh(self, agent_id: uuid.UUID | str, items: Sequence[StoredItem], *, now: datetime) -> None:
-        """Move the expiry of `items` (those with a TTL and not expired) to their TTL from `now`."""
+    async def refresh(
+        self, agent_id: uuid.UUID | str, items: Sequence[StoredItem], *, now: datetime, expired: bool = False
+    ) -> None:
+        """Move the expiry of `items` (those with a TTL and not expired) to their TTL from `now`.
+
+        `expired`: expired items not yet swept are moved too (they live again).
+        """
+        cutoff = _cutoff(now, expired)
         by_ttl: dict[float, builtins.list[tuple[str, str]]] = {}
         for item in items:
             if item.ttl_minutes is not None:
@@ -354,7 +376,7 @@ class StoreRepository(Repository):
                 await self._rowcount(
                     sa.update(_I)
                     .where(
-                        *self._live(agent_id, now),
+                        *self._live(agent_id, cutoff),
                         _I.c.ttl_minutes.is_not(None),
                         sa.tuple_(_I.c.namespace, _I.c.key).in_(batch),
                     )
@@ -373,8 +395,11 @@ class StoreRepository(Repository):
         query: builtins.list[float] | None = None,
         distance: str = "cosine",
         approximate: bool = False,
+        expired: bool = False,
     ) -> builtins.list[StoredItem]:
         """The live items in namespace `prefix` (and below) whose values match `where`.
+
+        `expired`: the expired items that no sweep has deleted yet too.
 
         Without `query`, newest update first; with it (an embedding), by
         their best field's score (`memorm.search.store_vectors`), then the
@@ -385,7 +410,8 @@ class StoreRepository(Repository):
         size = check_int(limit, "limit", minimum=1, maximum=MAX_PAGE)
         skip = check_int(offset, "offset", minimum=0, maximum=2**62)
         shape, values = value_filter(self.link.dialect.name, where, "filter") if where else ((), {})
-        params = {"tenant": self._owner, "agent": as_uuid(agent_id, "agent_id"), "now": now, **values}
+        agent = as_uuid(agent_id, "agent_id")
+        params = {"tenant": self._owner, "agent": agent, "now": _cutoff(now, expired), **values}
         params.update(_under_values(prefix) if prefix else {})
         if query is None:  # a statement built once per filter's shape, sent on the driver
             async with guarded(self.link):
@@ -449,13 +475,15 @@ class StoreRepository(Repository):
         limit: int,
         offset: int = 0,
         after: str | None = None,
+        expired: bool = False,
     ) -> builtins.list[str]:
         """The distinct namespaces with live items, at or below `prefix`, in byte order.
 
         A page: `offset` skips so many; `after` starts after that namespace.
+        `expired`: namespaces of expired items not yet swept count too.
         """
         size = check_int(limit, "limit", minimum=1, maximum=MAX_PAGE * 10)
-        conditions = [*self._live(agent_id, now), *under(_I.c.namespace, prefix)]
+        conditions = [*self._live(agent_id, _cutoff(now, expired)), *under(_I.c.namespace, prefix)]
         if after is not None:
             conditions.append(_I.c.namespace > after)
         statement = (

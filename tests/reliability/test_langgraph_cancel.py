@@ -315,15 +315,20 @@ SYNC_RUNS = 15
 async def test_sync_put_and_get_tuple_from_threads_running_asyncio_run_beside_the_main_loop(
     db: Database, store: Store
 ) -> None:
-    """Each worker thread runs `asyncio.run`; inside it, sync `put`/`get_tuple` and cancelled `aput`s."""
+    """Each worker thread runs `asyncio.run`; inside it, sync `put`/`get_tuple` and cancelled `aput`s.
+
+    The sync calls block the thread's loop, so they go through a saver made with `allow_blocking`
+    (without it they refuse: `test_compat_langgraph_saver`).
+    """
     saver = await _saver(db)
+    blocking = MemormSaver(db, agent=saver.agent_id, allow_blocking=True)
     timed_out = [0] * SYNC_THREADS
 
     async def in_thread(index: int) -> None:
         for n in range(1, SYNC_RUNS + 1):
             checkpoint, metadata, versions = _checkpoint(n)
-            stored = saver.put(_config(f"sync-{index}"), checkpoint, metadata, versions)  # type: ignore[arg-type]
-            found = saver.get_tuple(stored)
+            stored = blocking.put(_config(f"sync-{index}"), checkpoint, metadata, versions)  # type: ignore[arg-type]
+            found = blocking.get_tuple(stored)
             assert found is not None
             assert found.checkpoint["channel_values"] == _values(n, 2_000)
             # This loop's own cancelled writes, amid the main loop's and the sync loop's.

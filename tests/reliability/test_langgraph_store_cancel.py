@@ -151,12 +151,14 @@ async def test_puts_from_threads_running_asyncio_run_beside_the_main_loop_cancel
     embeddings its value's) or as before, and every pool lets go.
     """
     memories = await _store(db)
+    # The sync calls block the thread's loop: a store that allows it (by default they refuse there).
+    blocking = MemormStore(db, agent=memories.agent_id, index=memories.index_config, allow_blocking=True)
     cancelled = [0] * SYNC_THREADS
 
     async def in_thread(index: int) -> None:
         for n in range(1, SYNC_RUNS + 1):
-            memories.put(("sync", str(index)), f"k{n}", _value(n))  # memorm's sync loop, from here
-            found = memories.get(("sync", str(index)), f"k{n}")
+            blocking.put(("sync", str(index)), f"k{n}", _value(n))  # memorm's sync loop, from here
+            found = blocking.get(("sync", str(index)), f"k{n}")
             assert found is not None
             assert found.value == _value(n)
             put = memories.aput(("cancelled", str(index)), f"k{n % 4}", _value(n))

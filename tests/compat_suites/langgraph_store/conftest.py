@@ -15,7 +15,7 @@ from probes import tagged_database
 from memorm.compat.langgraph import MemormStore
 
 from .embed_test_utils import CharacterEmbeddings
-from .kit import CURRENT, AsyncSuiteStore, SuiteStore
+from .kit import CURRENT, AsyncSuiteStore
 
 # Cases that sleep through TTLs or run thousands of operations: `-m long` runs them.
 _LONG = {"test_store_ttl", "test_large_batches", "test_large_batches_async"}
@@ -40,17 +40,28 @@ async def store(
 ) -> AsyncIterator[MemormStore]:
     """LangGraph's `store` fixture: a store with a 6-second TTL on a fresh memorm database.
 
-    (The `store` it takes is memorm's own suite's: a SQLite file or a Postgres schema.)
+    (The `store` it takes is memorm's own suite's: a SQLite file or a Postgres schema.)  As
+    upstream's, its TTL sweeper runs every 3 seconds while the case runs: on memorm's sync
+    loop for the sync suite (whose cases run while this loop waits), on this loop for the async one.
     """
     _, db = await tagged_database(store)
     try:
         async with db.unit_of_work() as uow:
             agent = await uow.agents.create("langgraph-store-tests")
         ttl_seconds = getattr(request.module, "TTL_SECONDS", 6)
-        ttl = {"default_ttl": ttl_seconds / 60, "refresh_on_read": True, "sweep_interval_minutes": 1}
-        kind = AsyncSuiteStore if request.module.__name__.endswith("test_async_store") else SuiteStore
+        ttl_minutes = ttl_seconds / 60
+        ttl = {"default_ttl": ttl_minutes, "refresh_on_read": True, "sweep_interval_minutes": ttl_minutes / 2}
+        kind = AsyncSuiteStore if request.module.__name__.endswith("test_async_store") else MemormStore
         CURRENT.update(db=db, agent=agent.id, kind=kind)
-        yield kind(db, agent=agent.id, ttl=ttl)
+        made = kind(db, agent=agent.id, ttl=ttl)
+        if kind is MemormStore:
+            made.start_ttl_sweeper()
+        else:
+            await made.astart_ttl_sweeper()
+        try:
+            yield made
+        finally:
+            assert await made.astop_ttl_sweeper(timeout=10)
     finally:
         CURRENT.clear()
         await db.dispose()

@@ -26,7 +26,6 @@ __all__ = [
     "VECTOR_TYPES",
     "AsyncSuiteStore",
     "CharacterEmbeddings",
-    "SuiteStore",
     "arun",
     "avector_store_context",
     "count_rows",
@@ -42,29 +41,17 @@ __all__ = [
 VECTOR_TYPES = ["vector", "halfvec"]  # memorm keeps float32 vectors for both: the parameter is ignored
 
 
-class SuiteStore(MemormStore):
-    """A `MemormStore` with the TTL sweeper switches the suite calls.
+class AsyncSuiteStore(MemormStore):
+    """A `MemormStore` whose sweeper switches are coroutines, as `AsyncPostgresStore`'s are.
 
-    memorm runs no background sweeper (an expired item is never returned,
-    swept or not; `sweep_ttl` deletes them): starting or stopping one has
-    nothing to do.
+    The async suite awaits `store.start_ttl_sweeper()` and
+    `store.stop_ttl_sweeper()`: MemormStore spells them `astart_ttl_sweeper`
+    and `astop_ttl_sweeper` (its unprefixed ones are the sync
+    `PostgresStore`'s, which the sync suite calls).
     """
 
-    def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> None:
-        return None
-
-    def stop_ttl_sweeper(self, timeout: float | None = None) -> bool:
-        return True
-
-
-class AsyncSuiteStore(MemormStore):
-    """`SuiteStore` for the async suite, whose sweeper switches are coroutines."""
-
-    async def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> None:
-        return None
-
-    async def stop_ttl_sweeper(self, timeout: float | None = None) -> bool:
-        return True
+    start_ttl_sweeper = MemormStore.astart_ttl_sweeper  # type: ignore[assignment]
+    stop_ttl_sweeper = MemormStore.astop_ttl_sweeper  # type: ignore[assignment]
 
 
 CURRENT: dict[str, Any] = {}  # the test's memorm database, agent and store class (conftest.py sets them)
@@ -73,8 +60,9 @@ CURRENT: dict[str, Any] = {}  # the test's memorm database, agent and store clas
 def memorm_store(**kwargs: Any) -> MemormStore:
     """What the suite's `InMemoryStore(**kwargs)` makes: a MemormStore of a new agent, on the test's database.
 
-    Called from sync code or in the test's event loop (whose thread it blocks a moment, like the
-    store's own sync methods), as an `InMemoryStore` is made anywhere.
+    Called from sync code or in the test's event loop (whose thread it blocks a moment), as an
+    `InMemoryStore` is made anywhere.  Its sync methods run anywhere too, as `InMemoryStore`'s do
+    (`allow_blocking`): the suite's coroutine cases call them.
     """
 
     async def create(db: Database) -> Any:
@@ -82,7 +70,7 @@ def memorm_store(**kwargs: Any) -> MemormStore:
             return (await uow.agents.create(f"in-memory-{uuid.uuid4().hex[:8]}")).id
 
     db = CURRENT["db"]
-    return MemormStore(db, agent=BRIDGE.run(db, create), **kwargs)
+    return MemormStore(db, agent=BRIDGE.run(db, create), allow_blocking=True, **kwargs)
 
 
 def vector_store_on(

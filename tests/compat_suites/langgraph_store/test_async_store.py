@@ -47,11 +47,6 @@ TTL_MINUTES = TTL_SECONDS / 60
 # memorm: the `store` fixture is conftest.py's (a MemormStore with this TTL, on each engine)
 
 
-@pytest.mark.xfail(  # memorm
-    reason="MemormStore's sync methods run on memorm's sync loop from anywhere, a running loop included "
-    "(blocking it, as every memorm adapter's), instead of refusing with InvalidStateError",
-    strict=True,
-)
 async def test_no_running_loop(store: AsyncPostgresStore) -> None:
     with pytest.raises(asyncio.InvalidStateError):
         store.put(("foo", "bar"), "baz", {"val": "baz"})
@@ -677,9 +672,6 @@ async def test_omit_expired_filters_read_paths(store: AsyncPostgresStore) -> Non
     assert control_ns in namespaces
 
 
-@pytest.mark.xfail(  # memorm
-    reason="MemormStore never returns expired items (omit_expired is always on)", strict=True
-)
 @pytest.mark.parametrize("omit", [None, False], ids=["default", "explicit-false"])
 async def test_omit_expired_disabled_preserves_expired_rows(
     store: AsyncPostgresStore, omit

@@ -936,9 +936,6 @@ def test_omit_expired_filters_read_paths(store: PostgresStore) -> None:
     assert control_ns in namespaces
 
 
-@pytest.mark.xfail(  # memorm
-    reason="MemormStore never returns expired items (omit_expired is always on)", strict=True
-)
 @pytest.mark.parametrize("omit", [None, False], ids=["default", "explicit-false"])
 def test_omit_expired_disabled_preserves_expired_rows(
     store: PostgresStore, omit
