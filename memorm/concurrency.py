@@ -13,22 +13,28 @@ the rest of memorm indifferent to both:
 * `CrossLoopLock` is a first-come-first-served lock that tasks of any
   loop in any thread can wait on (`asyncio.Lock` and `anyio.Lock` belong
   to one loop: a waiter from another is never woken).
+
+`Merger` runs a resource's calls a few at a time per event loop and merges
+those that queue meanwhile into one run (LangGraph's store batches so).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, Generic, TypeVar
 
 import anyio
 
-__all__ = ["CrossLoopLock", "protect"]
+__all__ = ["CrossLoopLock", "Merger", "protect"]
 
 T = TypeVar("T")
+C = TypeVar("C")  # a call, as `Merger` takes it
+R = TypeVar("R")  # its result
 
 
 async def protect(awaitable: Awaitable[T]) -> T:
@@ -141,3 +147,114 @@ class CrossLoopLock:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+
+_LEAD = object()  # what a waiting call is woken with when it is to run the next merged run
+
+
+class _Waiting(Generic[C]):
+    __slots__ = ("call", "future")
+
+    def __init__(self, call: C, future: asyncio.Future[Any]) -> None:
+        self.call = call
+        self.future = future
+
+
+class _Line(Generic[C]):
+    """One event loop's calls of a `Merger`: how many run, and those waiting."""
+
+    __slots__ = ("running", "waiting")
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.waiting: deque[_Waiting[C]] = deque()
+
+
+class Merger(Generic[C, R]):
+    """Runs calls through `work` at most `width` at a time per event loop, merging those that wait.
+
+    A call runs at once, alone, while fewer than `width` runs are under way
+    on its loop.  Otherwise it waits; when a run ends, the first waiting call
+    runs the next one, taking up to `most` waiting calls with it in one
+    `work(calls)` (which returns their results in order).  So a lone call
+    costs what it did, and a burst of thousands becomes a few runs instead of
+    thousands of waits for the pool.  Every run is awaited by a caller's own
+    task; nothing runs in the background:
+
+    * a waiting call that is cancelled leaves the line (skipped when reached);
+    * a call merged into another's run that is cancelled returns at once,
+      and the run goes on for the others;
+    * when the caller running a merged run is cancelled, the run is
+      cancelled (its unit of work rolls back) and the calls it carried wait
+      on, first in line for the next run;
+    * when `work` fails, every call of that run gets the error.
+    """
+
+    def __init__(self, work: Callable[[list[C]], Awaitable[Sequence[R]]], *, width: int, most: int) -> None:
+        self._work = work
+        self._width = width
+        self._most = most
+        self._lines: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Line[C]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def __call__(self, call: C) -> R:
+        """`call`'s result: run at once, or merged with others waiting on this loop."""
+        loop = asyncio.get_running_loop()
+        line = self._lines.get(loop)
+        if line is None:
+            line = self._lines[loop] = _Line()
+        if line.running < self._width:
+            line.running += 1
+            try:
+                return (await self._work([call]))[0]
+            finally:
+                self._next(line)
+        mine: _Waiting[C] = _Waiting(call, loop.create_future())
+        line.waiting.append(mine)
+        try:
+            outcome = await mine.future
+        except asyncio.CancelledError:
+            # Cancelled while waiting, its future is cancelled too: the line skips it.  Woken
+            # as the cancellation arrived (to run the next merged run, or with its result or
+            # error): pass the run on, and leave no error unretrieved.
+            woken = mine.future.done() and not mine.future.cancelled()
+            if woken and mine.future.exception() is None and mine.future.result() is _LEAD:
+                self._next(line)
+            raise
+        if outcome is not _LEAD:
+            return outcome  # type: ignore[no-any-return]
+        return await self._lead(line, mine)
+
+    async def _lead(self, line: _Line[C], mine: _Waiting[C]) -> R:
+        """Run `mine` and the calls waiting behind it (up to `most` in all) in one `work`."""
+        group = [mine]
+        while line.waiting and len(group) < self._most:
+            other = line.waiting.popleft()
+            if not other.future.done():
+                group.append(other)
+        try:
+            results = await self._work([waiting.call for waiting in group])
+        except asyncio.CancelledError:
+            line.waiting.extendleft(reversed(group[1:]))  # they wait on, first in line
+            raise
+        except BaseException as error:
+            for other in group[1:]:
+                if not other.future.done():
+                    other.future.set_exception(error)
+            raise
+        finally:
+            self._next(line)
+        for other, result in zip(group[1:], results[1:], strict=True):
+            if not other.future.done():
+                other.future.set_result(result)
+        return results[0]
+
+    def _next(self, line: _Line[C]) -> None:
+        """A run ended: wake the first waiting call to run the next, or free its place."""
+        while line.waiting:
+            first = line.waiting.popleft()
+            if not first.future.done():
+                first.future.set_result(_LEAD)
+                return
+        line.running -= 1

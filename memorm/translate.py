@@ -34,6 +34,7 @@ __all__ = [
     "check_writable",
     "failure",
     "guarded",
+    "transient",
     "translate",
     "translating",
 ]
@@ -128,7 +129,10 @@ def translate(error: BaseException) -> MemormError | None:
         found = _PG_CODES.get(code) or _PG_CODES.get(code[:2])
         if found is not None:
             cls, message = found
-            return cls(f"{message}: {detail}")
+            translated = cls(f"{message}: {detail}")
+            if code in _TRANSIENT:
+                translated.__dict__[_TRANSIENT_MARK] = True
+            return translated
     for prefix, cls, message in _SQLITE_MESSAGES:
         if prefix in detail:
             return cls(f"{message}: {detail}")
@@ -137,6 +141,20 @@ def translate(error: BaseException) -> MemormError | None:
     if integrity:
         return ValidationError(f"the database rejected the write: {detail}")
     return DatabaseError(f"database error: {detail}")
+
+
+_TRANSIENT = frozenset({"40001", "40P01"})  # a serialization failure, a deadlock: run it again
+_TRANSIENT_MARK = "_memorm_transient"
+
+
+def transient(error: BaseException) -> bool:
+    """Whether `error` is a conflict that running the same unit of work again may not meet.
+
+    Postgres aborts one of two transactions that deadlock (or that a
+    serializable snapshot cannot order): the other went through, and the
+    aborted one, run again, usually does too.
+    """
+    return bool(error.__dict__.get(_TRANSIENT_MARK, False))
 
 
 FAILED = "memorm_failed"  # unit of work info keys (`memorm.link`), set by the unit of work and guarded()

@@ -645,6 +645,29 @@ async def test_bad_input_is_refused_before_any_statement(db: Database) -> None:
     assert await _rows(db, STORE_ITEMS) == 0
 
 
+async def test_concurrent_calls_past_four_merge_into_a_few_units_of_work(db: Database) -> None:
+    store = MemormStore(db, agent=await _agent(db))
+    with capture_statements(db, "graph_store_items") as sent:
+        await asyncio.gather(*(store.aput(("burst",), f"k{n:03}", {"n": n}) for n in range(200)))
+    writes = [sql for sql, _ in sent if sql.lstrip().upper().startswith(("INSERT", "WITH"))]
+    assert 2 <= len(writes) <= 12  # 200 one at a time would send 200
+    found = await asyncio.gather(*(store.aget(("burst",), f"k{n:03}") for n in range(200)))
+    assert [item.value["n"] for item in found if item is not None] == list(range(200))
+    assert len(await store.asearch(("burst",), limit=1000)) == 200
+    # A call that fails its checks fails alone, before it joins the others.
+    puts = [
+        store.aput(("burst",), "bad", {"n": math.nan})
+        if n == 7
+        else store.aput(("burst",), f"k{n:03}", {"n": -n})
+        for n in range(30)
+    ]
+    outcomes = await asyncio.gather(*puts, return_exceptions=True)
+    assert [type(outcome) for outcome in outcomes].count(ValidationError) == 1
+    assert isinstance(outcomes[7], ValidationError)
+    assert await store.aget(("burst",), "bad") is None
+    assert (await store.aget(("burst",), "k029")).value == {"n": -29}  # type: ignore[union-attr]
+
+
 async def test_sync_calls_work_from_a_worker_thread(db: Database) -> None:
     store = MemormStore(db, agent=await _agent(db), index={"dims": DIMS, "embed": embed, "fields": ["text"]})
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import uuid
 
 import anyio
 import pytest
@@ -340,3 +341,40 @@ async def test_a_restarted_server_reads_a_sessions_messages_by_agent(db: Databas
         assert appender.session_agents.get(DEFAULT_TENANT, chat.id) == agent.id
     finally:
         await appender.dispose()
+
+
+@pytest.mark.parametrize("engine", ["postgres"], indirect=True)
+async def test_a_deadlock_is_a_transient_conflict_and_the_other_unit_of_work_goes_through(
+    db: Database,
+) -> None:
+    from memorm.errors import ConflictError
+    from memorm.translate import transient
+
+    async with db.unit_of_work() as uow:
+        first, second = (await uow.agents.create("left")).id, (await uow.agents.create("right")).id
+    holding = [anyio.Event(), anyio.Event()]
+    outcomes: list[BaseException | None] = [None, None]
+
+    async def rename(index: int, order: tuple[uuid.UUID, uuid.UUID]) -> None:
+        try:
+            async with db.unit_of_work() as uow:
+                for step, agent in enumerate(order):
+                    await uow.agents.update(agent, name=f"by-{index}-{step}")
+                    if step == 0:
+                        holding[index].set()
+                        await holding[1 - index].wait()  # each holds one row and wants the other's
+        except ConflictError as error:
+            outcomes[index] = error
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rename, 0, (first, second))
+        tg.start_soon(rename, 1, (second, first))
+    failed = [outcome for outcome in outcomes if outcome is not None]
+    assert len(failed) == 1  # Postgres aborts one of the two
+    assert "deadlock" in str(failed[0])
+    assert transient(failed[0])
+    assert not transient(ConflictError("a stale version"))
+    async with db.unit_of_work(read_only=True) as uow:
+        names = {(await uow.agents.get(agent)).name for agent in (first, second)}  # type: ignore[union-attr]
+    winner = outcomes.index(None)
+    assert names == {f"by-{winner}-0", f"by-{winner}-1"}

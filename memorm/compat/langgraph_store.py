@@ -52,12 +52,14 @@ from langgraph.store.base import (
 )
 
 from memorm.compat._sync import BRIDGE, run_off_loop
+from memorm.concurrency import Merger
 from memorm.db import Database
 from memorm.errors import ConflictError, MemormError, ValidationError
 from memorm.models import Agent
 from memorm.repositories.store import MAX_KEY_BYTES, NewItem, StoredItem, check_minutes
 from memorm.search.filters import check_value_filter
 from memorm.search.store_vectors import DISTANCES
+from memorm.translate import transient
 from memorm.types import utcnow
 from memorm.uow import UnitOfWork
 from memorm.validation import MAX_DIMENSIONS, MAX_PAGE, as_uuid, check_json_object, check_text, check_vector
@@ -66,6 +68,9 @@ __all__ = ["InvalidNamespace", "MemormStore"]
 
 _LIST_PAGE = 1000  # namespaces read at a time when a listing filters them in Python
 _SWEEP_BATCH = 1000  # expired items deleted per transaction by a sweep
+_AT_ONCE = 4  # calls of a store that run at once on an event loop, before calls wait and merge
+_MERGED_MOST = 500  # calls merged into one unit of work at most
+_ATTEMPTS = 3  # runs of a batch that Postgres aborts to break a deadlock
 _SWEEP_EVERY = 5.0  # minutes between the sweeper's sweeps, unless the TTL config or the call says
 
 _log = logging.getLogger(__name__)
@@ -196,12 +201,16 @@ class _Put:
         self.texts = texts
 
 
+_Checked = GetOp | SearchOp | ListNamespacesOp | _Put  # an operation, checked (a put as `_Put`)
+
+
 class MemormStore(BaseStore):
     """A LangGraph long-term store (`BaseStore`) over a memorm [`Database`][memorm.db.Database].
 
     Args:
         db: the shared database (a [`for_tenant`][memorm.db.Database.for_tenant]
-            view keeps the items in that tenant).  Each call is one unit of work.
+            view keeps the items in that tenant).  A call is one unit of
+            work (calls past four at once merge: `abatch`).
         agent: the memorm agent (or its id) whose store this is.  Deleting the
             agent deletes its items.  One store serves one agent.
         index: LangGraph's `IndexConfig` for semantic search: `dims`, `embed`
@@ -264,6 +273,7 @@ class MemormStore(BaseStore):
         if not isinstance(allow_blocking, bool):
             raise ValidationError("allow_blocking: expected a bool")
         self.allow_blocking = allow_blocking
+        self._merged = Merger(self._run_merged, width=_AT_ONCE, most=_MERGED_MOST)
         self._sweeper: _Sweeper | None = None
         self._sweeper_lock = threading.Lock()
         # Whether the HNSW index for this store's shape exists (Postgres): asked once, on the first search.
@@ -275,13 +285,20 @@ class MemormStore(BaseStore):
     # -- the batch ------------------------------------------------------------------
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
-        """Run `ops` (GetOp, PutOp, SearchOp, ListNamespacesOp); their results in order."""
-        return await self._batch(self.db, list(ops))
+        """Run `ops` (GetOp, PutOp, SearchOp, ListNamespacesOp); their results in order.
+
+        Checked first, alone.  Up to four calls of a store run at once on an
+        event loop, each in its own unit of work; calls that come while four
+        run wait, and run next merged into one unit of work (as LangGraph's
+        `AsyncBatchedBaseStore` merges concurrent calls): `concurrency.Merger`.
+        """
+        checked = [self._check(op, index) for index, op in enumerate(ops)]
+        return await self._merged(checked)
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
         """`abatch` for sync code, on memorm's sync loop (from any thread without a running loop)."""
         listed = list(ops)
-        return run_off_loop(self, "batch", lambda db: self._batch(db, listed))
+        return run_off_loop(self, "batch", lambda _: self.abatch(listed))
 
     @property
     def _omit_expired(self) -> bool:
@@ -438,8 +455,17 @@ class MemormStore(BaseStore):
             if done < _SWEEP_BATCH:
                 return total
 
-    async def _batch(self, db: Database, ops: list[Op]) -> list[Result]:
-        checked = [self._check(op, index) for index, op in enumerate(ops)]
+    async def _run_merged(self, calls: list[list[_Checked]]) -> list[list[Result]]:
+        """The results of calls run together (`Merger`): their operations as one batch."""
+        results = await self._batch(self.db, [op for call in calls for op in call])
+        split, start = [], 0
+        for call in calls:
+            split.append(results[start : start + len(call)])
+            start += len(call)
+        return split
+
+    async def _batch(self, db: Database, checked: list[_Checked]) -> list[Result]:
+        """Run checked operations in one unit of work: the reads, then the writes (the last to a key wins)."""
         puts: dict[tuple[str, str], _Put] = {}  # the last write to each key wins
         for op in checked:
             if isinstance(op, _Put):
@@ -448,8 +474,26 @@ class MemormStore(BaseStore):
                 puts[key] = op
         vectors = await self._embed_puts(list(puts.values()))
         queries = await self._embed_queries([op for op in checked if isinstance(op, SearchOp)])
+        attempt = 1
+        while True:
+            try:
+                return await self._transact(db, checked, puts, vectors, queries)
+            except ConflictError as error:  # a deadlock with another writer of these keys: run it again
+                if not transient(error) or attempt == _ATTEMPTS:
+                    raise
+                attempt += 1
+
+    async def _transact(
+        self,
+        db: Database,
+        checked: list[_Checked],
+        puts: dict[tuple[str, str], _Put],
+        vectors: dict[tuple[str, str], dict[str, list[float]]],
+        queries: dict[int, list[float]],
+    ) -> list[Result]:
+        """The statements of `_batch`: its reads, then its writes, in one unit of work."""
         now, expired = utcnow(), not self._omit_expired
-        results: list[Result] = [None] * len(ops)
+        results: list[Result] = [None] * len(checked)
         refresh: list[StoredItem] = []
         # One item stored (the common `aput`): the put's one driver call commits with it.
         alone = len(checked) == 1 and isinstance(checked[0], _Put) and isinstance(checked[0].item, NewItem)
@@ -460,8 +504,14 @@ class MemormStore(BaseStore):
                     found = await self._read(uow, op, queries.get(id(op)), now, expired, refresh)
                     results[position] = found
             if puts:
+                # Every key written or refreshed, locked at once in key order (no deadlocks).
+                keys = {*puts, *((item.namespace, item.key) for item in refresh if item.ttl_minutes)}
+                if len(keys) > 1:
+                    await uow.graph_store.lock(self.agent_id, list(keys))
                 if refresh:
-                    await uow.graph_store.refresh(self.agent_id, refresh, now=now, expired=expired)
+                    await uow.graph_store.refresh(
+                        self.agent_id, refresh, now=now, expired=expired, locked=True
+                    )
                     refresh = []
                 await self._write(uow, list(puts.values()), vectors, now)
         if refresh:
@@ -471,7 +521,7 @@ class MemormStore(BaseStore):
 
     # -- checks (before any statement) -------------------------------------------------
 
-    def _check(self, op: object, position: int) -> GetOp | SearchOp | ListNamespacesOp | _Put:
+    def _check(self, op: object, position: int) -> _Checked:
         where = f"ops[{position}]"
         if isinstance(op, GetOp):
             _labels(op.namespace, f"{where}.namespace")
@@ -686,9 +736,9 @@ class MemormStore(BaseStore):
             if isinstance(put.item, NewItem)
         ]
         if deleted:
-            await store.delete(self.agent_id, deleted)
+            await store.delete(self.agent_id, deleted, locked=True)  # (`_batch` has locked them)
         if items:
-            await store.put(self.agent_id, items, now=now)
+            await store.put(self.agent_id, items, now=now, locked=True)
 
 
 def _settle(future: concurrent.futures.Future[None], task: asyncio.Task[None]) -> None:

@@ -262,10 +262,13 @@ class StoreRepository(Repository):
                 found[row[0], row[1]] = _item(row)
         return found
 
-    async def put(self, agent_id: uuid.UUID | str, items: Sequence[NewItem], *, now: datetime) -> None:
+    async def put(
+        self, agent_id: uuid.UUID | str, items: Sequence[NewItem], *, now: datetime, locked: bool = False
+    ) -> None:
         """Store `items` (replacing those under their keys, whose `created_at` stays), with their vectors.
 
         An item's old embeddings are dropped; its `vectors`, if any, stored.
+        Several items are locked first (`lock`), unless the caller has (`locked`).
         """
         if not items:
             return
@@ -294,6 +297,8 @@ class StoreRepository(Repository):
             return
         pairs = sorted({(item.namespace, item.key) for item in items})
         if len(pairs) > 1:
+            if not locked:
+                await self.lock(agent, pairs)
             await self._delete_vectors(agent, pairs)
         rows = [
             (
@@ -345,10 +350,38 @@ class StoreRepository(Repository):
                 sa.delete(_V).where(*self._agent(_V, agent), sa.tuple_(_V.c.namespace, _V.c.key).in_(batch))
             )
 
-    async def delete(self, agent_id: uuid.UUID | str, keys: Sequence[tuple[str, str]]) -> int:
-        """Delete the items at `(namespace, key)`s, with their embeddings; how many there were."""
+    async def lock(self, agent_id: uuid.UUID | str, keys: Sequence[tuple[str, str]]) -> None:
+        """Lock the items at `(namespace, key)`s that exist, in key order, until the unit of work ends.
+
+        Postgres (SQLite writes one transaction at a time).  Every write of
+        several items locks them first, and a unit of work that writes in
+        several statements locks all its keys at once (passing `locked` to
+        them), so two that write the same keys (puts, deletes, refreshes, a
+        sweep, in any order) wait for each other instead of deadlocking.
+        """
+        if self.link.sqlite:
+            return
+        unique = sorted(set(keys))
+        for start in range(0, len(unique), _KEYS_PER_STATEMENT):
+            batch = unique[start : start + _KEYS_PER_STATEMENT]
+            await self._execute(
+                sa.select(_I.c.key)
+                .where(*self._agent(_I, agent_id), sa.tuple_(_I.c.namespace, _I.c.key).in_(batch))
+                .order_by(_I.c.namespace, _I.c.key)
+                .with_for_update()
+            )
+
+    async def delete(
+        self, agent_id: uuid.UUID | str, keys: Sequence[tuple[str, str]], *, locked: bool = False
+    ) -> int:
+        """Delete the items at `(namespace, key)`s, with their embeddings; how many there were.
+
+        Several items are locked first (`lock`), unless the caller has (`locked`).
+        """
         unique, deleted = sorted(set(keys)), 0
         agent = as_uuid(agent_id, "agent_id")
+        if len(unique) > 1 and not locked:
+            await self.lock(agent, unique)
         await self._delete_vectors(agent, unique)  # the foreign key would too; this keeps SQLite's work small
         for start in range(0, len(unique), _KEYS_PER_STATEMENT):
             batch = unique[start : start + _KEYS_PER_STATEMENT]
@@ -358,13 +391,23 @@ class StoreRepository(Repository):
         return deleted
 
     async def refresh(
-        self, agent_id: uuid.UUID | str, items: Sequence[StoredItem], *, now: datetime, expired: bool = False
+        self,
+        agent_id: uuid.UUID | str,
+        items: Sequence[StoredItem],
+        *,
+        now: datetime,
+        expired: bool = False,
+        locked: bool = False,
     ) -> None:
         """Move the expiry of `items` (those with a TTL and not expired) to their TTL from `now`.
 
         `expired`: expired items not yet swept are moved too (they live again).
+        Several items are locked first (`lock`), unless the caller has (`locked`).
         """
         cutoff = _cutoff(now, expired)
+        timed = {(item.namespace, item.key) for item in items if item.ttl_minutes is not None}
+        if len(timed) > 1 and not locked:
+            await self.lock(agent_id, list(timed))
         by_ttl: dict[float, builtins.list[tuple[str, str]]] = {}
         for item in items:
             if item.ttl_minutes is not None:

@@ -121,13 +121,6 @@ async def test_large_batches(request: Any, store: AsyncPostgresStore) -> None:
     assert len(results) == M * N * 6
 
 
-@pytest.mark.xfail(  # memorm
-    reason="60,000 calls at once: AsyncPostgresStore merges concurrent calls into shared batches "
-    "(AsyncBatchedBaseStore); each MemormStore call is its own unit of work, and those the pool "
-    "cannot serve within its timeout fail with DatabaseError (pool timeout); not run: gather() "
-    "leaves the rest running behind the next cases",
-    run=False,
-)
 async def test_large_batches_async(store: AsyncPostgresStore) -> None:
     N = 1000
     M = 10
