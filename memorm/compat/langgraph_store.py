@@ -70,7 +70,7 @@ _LIST_PAGE = 1000  # namespaces read at a time when a listing filters them in Py
 _SWEEP_BATCH = 1000  # expired items deleted per transaction by a sweep
 _AT_ONCE = 4  # calls of a store that run at once on an event loop, before calls wait and merge
 _MERGED_MOST = 500  # calls merged into one unit of work at most
-_ATTEMPTS = 3  # runs of a batch that Postgres aborts to break a deadlock
+_ATTEMPTS = 5  # runs of a batch that Postgres aborts to break a deadlock
 _SWEEP_EVERY = 5.0  # minutes between the sweeper's sweeps, unless the TTL config or the call says
 
 _log = logging.getLogger(__name__)
