@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import operator
 import uuid
 from datetime import timedelta
+from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
@@ -386,6 +388,23 @@ async def test_the_sync_sweeper_runs_on_memorms_sync_loop_until_stopped_or_cance
     future.cancel()
     assert await store.astop_ttl_sweeper(timeout=5)
     assert store.stop_ttl_sweeper()
+
+
+async def test_a_failed_sweep_is_logged_and_the_next_one_runs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    empty = Database(f"sqlite+aiosqlite:///{tmp_path / 'not-upgraded.db'}")  # no tables: every sweep fails
+    store = MemormStore(empty, agent=uuid.uuid4(), ttl={"default_ttl": 10, "sweep_interval_minutes": _FAST})
+    with caplog.at_level(logging.WARNING, logger="memorm.compat.langgraph_store"):
+        task = await store.astart_ttl_sweeper()
+        with anyio.fail_after(10):
+            while len(caplog.records) < 2:  # noqa: ASYNC110 (the sweeper signals nothing: poll)
+                await anyio.sleep(0.02)
+        assert not task.done()  # it carries on
+        assert await store.astop_ttl_sweeper(timeout=5)
+    assert all("a TTL sweep failed" in record.getMessage() for record in caplog.records)
+    assert "memorm db upgrade" in caplog.records[0].getMessage()  # the SchemaError's words
+    await empty.dispose()
 
 
 async def test_without_a_ttl_config_there_is_no_sweeper(db: Database) -> None:

@@ -46,6 +46,14 @@ PROGRAM = textwrap.dedent(
 
     if mode == "main":
         talk("from main")
+    elif mode == "sweeper":  # a store's TTL sweeper still running on the bridge at exit
+        from memorm.compat.langgraph import MemormStore
+
+        store = MemormStore(db, agent=agent, ttl={"default_ttl": 1})
+        store.start_ttl_sweeper(0.001)  # every 60 ms; never stopped
+        store.put(("exit",), "k", {"v": 1})
+        time.sleep(0.3)
+        talk("beside a sweeper")
     else:  # a non-daemon thread still talking after the main thread has returned
         def late():
             time.sleep(0.3)
@@ -62,7 +70,7 @@ async def db(db: Database) -> AsyncIterator[Database]:
     await adispose_sync(db)
 
 
-@pytest.mark.parametrize("mode", ["main", "late-thread"])
+@pytest.mark.parametrize("mode", ["main", "late-thread", "sweeper"])
 async def test_a_sync_program_exits_promptly_with_its_pools_closed(
     db: Database, store: Store, tmp_path: Path, mode: str
 ) -> None:
@@ -74,7 +82,8 @@ async def test_a_sync_program_exits_promptly_with_its_pools_closed(
         lambda: subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     )
     assert done.returncode == 0, done.stderr
-    key = "from main" if mode == "main" else "from a late thread"
+    assert done.stderr == ""  # nothing logged: no task destroyed pending, no unclosed connection
+    key = {"main": "from main", "late-thread": "from a late thread", "sweeper": "beside a sweeper"}[mode]
     assert done.stdout.splitlines() == [f"read: [{key!r}]", "pools left: 0 loop alive: False"]
     if store.engine == "sqlite":
         # SQLite removes the WAL file when the last connection closes cleanly.

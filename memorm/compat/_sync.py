@@ -51,6 +51,7 @@ class SyncBridge:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._used: weakref.WeakSet[Database] = weakref.WeakSet()
+        self._spawned: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
 
     def run(self, db: Database, work: Callable[[Database], Awaitable[T]]) -> T:
         """`await work(db)` on the private loop; blocks until it is done."""
@@ -73,13 +74,19 @@ class SyncBridge:
         """
         loop = self._started()
         self._used.add(db)
+
+        def create() -> asyncio.Task[T]:
+            task = loop.create_task(work(db))
+            self._spawned.add(task)
+            return task
+
         if threading.current_thread() is self._thread:
-            return loop.create_task(work(db))
+            return create()
 
-        async def create() -> asyncio.Task[T]:
-            return loop.create_task(work(db))
+        async def created() -> asyncio.Task[T]:
+            return create()
 
-        return asyncio.run_coroutine_threadsafe(create(), loop).result()
+        return asyncio.run_coroutine_threadsafe(created(), loop).result()
 
     def dispose(self, db: Database | None = None) -> None:
         """Close the private loop's connections of `db` (of every database, if None)."""
@@ -95,8 +102,12 @@ class SyncBridge:
             await each.dispose_loop()
 
     async def _close(self) -> None:
-        """Cancel the work still running on the private loop (sweepers), then close its connections."""
-        running = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        """Cancel the tasks `spawn` started that still run (sweepers), then close the connections.
+
+        Only those: the tasks a unit of work runs its connection's clean-up in
+        (`memorm.concurrency.protect`) must finish, or the connection stays open.
+        """
+        running = [task for task in self._spawned if not task.done()]
         for task in running:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)

@@ -52,7 +52,7 @@ from langgraph.store.base import (
 )
 
 from memorm.compat._sync import BRIDGE, run_off_loop
-from memorm.concurrency import Merger
+from memorm.concurrency import Merger, protect
 from memorm.db import Database
 from memorm.errors import ConflictError, MemormError, ValidationError
 from memorm.models import Agent
@@ -146,7 +146,7 @@ class _Sweeper:
         task.add_done_callback(lambda _: self.ended.set())
 
     def stop(self) -> None:
-        """Cancel the task (a sweep under way rolls back), from any thread."""
+        """Cancel the task (a sweep under way finishes first), from any thread."""
         try:
             self.task.get_loop().call_soon_threadsafe(self.task.cancel)
         except RuntimeError:  # its loop has closed: the task is gone with it
@@ -442,7 +442,7 @@ class MemormStore(BaseStore):
         while True:
             await asyncio.sleep(seconds)
             try:
-                await self._sweep(db)
+                await protect(self._sweep(db))  # stopped meanwhile: this sweep finishes first
             except MemormError as error:
                 _log.warning("%r: a TTL sweep failed (the next is in %g s): %s", self, seconds, error)
 
