@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 import anyio
 
 from memorm.db import Database
-from memorm.errors import MemormError
+from memorm.errors import MemormError, ValidationError
 
 __all__ = [
     "BRIDGE",
@@ -33,6 +33,7 @@ __all__ = [
     "BlockingCallError",
     "SyncBridge",
     "adispose_sync",
+    "blocking_flag",
     "dispose_sync",
     "run_off_loop",
 ]
@@ -163,6 +164,13 @@ class Blocking(Protocol):
 
     db: Database
     allow_blocking: bool
+
+
+def blocking_flag(allow_blocking: object) -> bool:
+    """An adapter's `allow_blocking` argument, checked."""
+    if not isinstance(allow_blocking, bool):
+        raise ValidationError("allow_blocking: expected a bool")
+    return allow_blocking
 
 
 def run_off_loop(adapter: Blocking, method: str, work: Callable[[Database], Awaitable[T]]) -> T:

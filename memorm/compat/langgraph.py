@@ -47,7 +47,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from memorm.compat._sync import BlockingCallError, run_off_loop
+from memorm.compat._sync import BlockingCallError, blocking_flag, run_off_loop
 from memorm.compat.langgraph_store import MemormStore
 from memorm.db import Database
 from memorm.errors import DatabaseError, NotFoundError, ValidationError
@@ -178,9 +178,7 @@ class MemormSaver(BaseCheckpointSaver[str]):
         self.db = db
         self.agent_id = as_uuid(agent.id if isinstance(agent, Agent) else agent, "agent")
         self.ttl = None if ttl is None else check_duration(ttl, "ttl")
-        if not isinstance(allow_blocking, bool):
-            raise ValidationError("allow_blocking: expected a bool")
-        self.allow_blocking = allow_blocking
+        self.allow_blocking = blocking_flag(allow_blocking)
         # Thread key -> session id, of sessions this saver made or found: a write
         # needs no lookup.  A session deleted since fails the write's foreign key
         # (or its expiry's update) and is looked up again (`_in_session`).

@@ -51,7 +51,7 @@ from langgraph.store.base import (
     tokenize_path,
 )
 
-from memorm.compat._sync import BRIDGE, run_off_loop
+from memorm.compat._sync import BRIDGE, blocking_flag, run_off_loop
 from memorm.concurrency import Merger, protect
 from memorm.db import Database
 from memorm.errors import ConflictError, MemormError, ValidationError
@@ -270,9 +270,7 @@ class MemormStore(BaseStore):
         self.index_config: dict[str, Any] | None = None if index is None else dict(index)
         self.embeddings: Embeddings | None = None if self._index is None else self._index.embeddings
         self.ttl_config = _ttl_config(ttl)
-        if not isinstance(allow_blocking, bool):
-            raise ValidationError("allow_blocking: expected a bool")
-        self.allow_blocking = allow_blocking
+        self.allow_blocking = blocking_flag(allow_blocking)
         self._merged = Merger(self._run_merged, width=_AT_ONCE, most=_MERGED_MOST)
         self._sweeper: _Sweeper | None = None
         self._sweeper_lock = threading.Lock()
@@ -505,7 +503,8 @@ class MemormStore(BaseStore):
                     results[position] = found
             if puts:
                 # Every key written or refreshed, locked at once in key order (no deadlocks).
-                keys = {*puts, *((item.namespace, item.key) for item in refresh if item.ttl_minutes)}
+                timed = [(item.namespace, item.key) for item in refresh if item.ttl_minutes is not None]
+                keys = {*puts, *timed}
                 if len(keys) > 1:
                     await uow.graph_store.lock(self.agent_id, list(keys))
                 if refresh:
