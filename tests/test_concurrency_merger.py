@@ -101,6 +101,18 @@ async def test_cancelling_a_call_of_a_merged_run(cancelled: int, runs: list[list
     assert work.runs == runs
 
 
+async def test_a_waiting_call_timed_out_by_wait_for_is_skipped_and_the_run_goes_on() -> None:
+    work = Recorder(pause=0.05)
+    merger = Merger(work, width=1, most=10)
+    first = asyncio.ensure_future(merger(1))
+    await work.started.wait()
+    kept = asyncio.ensure_future(merger(2))
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(merger(3), 0.01)  # still waiting when its deadline passes
+    assert [await first, await kept] == [10, 20]
+    assert work.runs == [[1], [2]]
+
+
 async def test_a_failed_run_fails_every_call_it_carried_and_the_line_goes_on() -> None:
     work = Recorder(fail_with=3)
     merger = Merger(work, width=1, most=10)
