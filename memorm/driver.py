@@ -29,9 +29,10 @@ rows are exactly what SQLAlchemy would have sent and returned.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import sqlalchemy as sa
@@ -73,17 +74,19 @@ def sent(link: Link, sql: str, values: Sequence[Any] = ()) -> None:
 
 COPY_THRESHOLD = 64  # rows; below this a prepared INSERT beats COPY's set-up on Postgres
 _UNSET = object()
+Rows = Sequence[Sequence[Any]] | Sequence[Mapping[str, Any]]
+"""Rows to insert: tuples of values in column order, or dicts holding them under the columns' names."""
 
 
 class Insert(NamedTuple):
-    """Rows for one table: tuples of values in `columns` order, and what a taken key does (`OnConflict`).
+    """Rows for one table (`Rows`: tuples or dicts), and what a taken key does (`OnConflict`).
 
     `keep`: columns a row replacing a stored one (`"update"`) leaves as stored (`created_at`, say).
     """
 
     table: sa.Table
     columns: Sequence[str]
-    rows: Sequence[Sequence[Any]]
+    rows: Rows
     on_conflict: OnConflict = "error"
     keep: tuple[str, ...] = ()
 
@@ -92,11 +95,11 @@ async def insert_rows(
     link: Link,
     table: sa.Table,
     columns: Sequence[str],
-    rows: Sequence[Sequence[Any]],
+    rows: Rows,
     *,
     on_conflict: OnConflict = "error",
 ) -> None:
-    """Insert `rows` (tuples of values in `columns` order) into `table`.
+    """Insert `rows` (tuples of values in `columns` order, or dicts holding those columns) into `table`.
 
     `on_conflict` says what a row whose primary key is taken does: raise
     (`"error"`, as a plain INSERT), leave the stored row (`"ignore"`), or
@@ -124,7 +127,7 @@ async def insert_many(
         prepared = []
         for table, columns, rows, on_conflict, keep in inserts:
             names, sources = _with_derived(table, tuple(columns))
-            records = _convert(_processors(dialect, table, names), rows, sources)
+            records = _convert(_processors(dialect, table, names), rows, sources, columns)
             sql = _insert_sql(dialect, table, names, on_conflict, keep)
             prepared.append((table, names, records, sql, on_conflict))
         statements: list[Statement] = [] if before is None else [(before[0], before[1], False)]
@@ -174,9 +177,15 @@ def _with_derived(table: sa.Table, names: tuple[str, ...]) -> tuple[tuple[str, .
 
 
 def _convert(
-    processors: Sequence[Processor], rows: Sequence[Sequence[Any]], sources: Sequence[int] = ()
+    processors: Sequence[Processor],
+    rows: Rows,
+    sources: Sequence[int] = (),
+    columns_of: Sequence[str] = (),
 ) -> list[tuple[Any, ...]]:
     """Rows of Python values -> rows of driver values, by each column's bind processor.
+
+    `rows` are tuples of values in column order, or dicts holding them under
+    the names `columns_of` lists (a repository's checked rows, read as they are).
 
     Column by column: a batch repeats itself (every row shares its tenant,
     session and agent ids and timestamps, and often its `meta`), so a column
@@ -188,7 +197,11 @@ def _convert(
     """
     if not rows:
         return []
-    columns: list[list[Any]] = [list(column) for column in zip(*rows, strict=True)]
+    columns: list[list[Any]]
+    if isinstance(rows[0], Mapping):
+        columns = [list(map(itemgetter(name), rows)) for name in columns_of]
+    else:
+        columns = [list(column) for column in zip(*rows, strict=True)]
     for at in sources:
         columns.append(["" if value is None else value for value in columns[at]])  # no text: no words
     size = len(rows)

@@ -172,20 +172,44 @@ class _Row(MemormModel):
         each): the values go straight into the instance's `__dict__`, where
         the ORM reads a new object's values on insert.  Names that are not
         fields are ignored, as SQLModel ignores them.
+
+        The ORM's state is made when the ORM first asks for it (`_LazyState`);
+        the ORM's `init` event still reaches whoever listens for it.
         """
         plan = _PLANS.get(type(self)) or _plan(type(self))
-        values = dict(plan.defaults)  # every field, in order: the defaults, None for factories
-        if plan.names.issuperset(data):
-            values.update(data)
-            given = set(data)
+        manager = plan.manager
+        if manager is None:  # a subclass the ORM does not map: a plain object
+            _fill(self, plan, data)
+            return
+        manager.mapper._check_configure()  # what the ORM's own `init` listener does
+        if len(manager.dispatch.init) > 1:  # others listen too: the ORM's way, state first
+            _init_with_events(self, manager, plan, data)
         else:
-            given = {name for name in data if name in plan.names}
-            values.update((name, data[name]) for name in given)
-        for name, factory in plan.factories:
-            if name not in given:
-                values[name] = factory()
-        self.__dict__.update(values)
-        _set_slot(self, "__pydantic_fields_set__", given)
+            _fill(self, plan, data)
+
+
+class _LazyState:
+    """Where the ORM finds a row object's state: made on the ORM's first ask.
+
+    The ORM keeps each mapped object's `InstanceState` in its `__dict__`
+    under `_sa_instance_state`, and makes it when the object is built.  It
+    is five objects the garbage collector tracks, the most of any part of a
+    row object, and the rows memorm returns rarely meet the ORM: a bulk
+    append's thousands of `Message` objects made the collector run eight
+    times as often as the raw driver's rows did.  A non-data descriptor
+    answers instead, until the first ask stores the state in `__dict__`,
+    where later asks find it without coming here.
+    """
+
+    def __get__(self, instance: object, owner: type[Any] | None = None) -> Any:
+        manager = None if instance is None else _manager(type(instance))
+        if manager is None:
+            raise AttributeError(_STATE)
+        state = manager._state_constructor(instance, manager)
+        return instance.__dict__.setdefault(_STATE, state)  # a racing first ask: one state wins
+
+
+type.__setattr__(_Row, _STATE, _LazyState())  # past pydantic, which would take it for a private attribute
 
 
 def _agent_key(table: str) -> sa.ForeignKeyConstraint:
@@ -533,24 +557,35 @@ def hydrate(model: type[M], values: dict[str, Any]) -> M:
 
     About 30x cheaper than `model(**values)`, which runs every default
     factory and instrumented `setattr`; for rows memorm has already checked.
-    What the ORM's `new_instance` and SQLModel's `__new__` would do, inlined
-    (a quarter cheaper again): pydantic's three private slots, the values,
-    and the ORM's state, all written directly.
+    What the ORM's `new_instance` and SQLModel's `__new__` would do, inlined:
+    pydantic's three private slots and the values, written directly.
+
+    `values` becomes the instance's `__dict__`: the caller hands it over and
+    keeps no other use of it.  Memorm's rows (`_Row`) make their ORM state
+    when the ORM asks (`_LazyState`); other tables get it here.
     """
-    manager = _MANAGERS.get(model)
-    if manager is None:
-        manager = _MANAGERS[model] = instrumentation.manager_of_class(model)
     instance: M = _new_object(model)
+    _set_slot(instance, "__dict__", values)
     _set_slot(instance, "__pydantic_fields_set__", set())
     _set_slot(instance, "__pydantic_extra__", None)
     _set_slot(instance, "__pydantic_private__", None)
-    attributes = instance.__dict__
-    attributes.update(values)
-    attributes[_STATE] = manager._state_constructor(instance, manager)
+    if not issubclass(model, _Row):
+        manager = _manager(model)
+        if manager is not None:
+            values[_STATE] = manager._state_constructor(instance, manager)
     return instance
 
 
 _MANAGERS: dict[type[Any], Any] = {}
+
+
+def _manager(model: type[Any]) -> Any:
+    """The ORM's `ClassManager` of `model` (None for a class it does not map), looked up once."""
+    try:
+        return _MANAGERS[model]
+    except KeyError:
+        found = _MANAGERS[model] = instrumentation.opt_manager_of_class(model)
+        return found
 
 
 @dataclass(frozen=True)
@@ -560,6 +595,7 @@ class _Plan:
     defaults: dict[str, Any]  # every field in order: its default (None where a factory makes it)
     names: frozenset[str]
     factories: tuple[tuple[str, Callable[[], Any]], ...]
+    manager: Any  # the ORM's ClassManager; None for a subclass it does not map
 
 
 _PLANS: dict[type[Any], _Plan] = {}
@@ -579,13 +615,45 @@ def _plan(model: type[MemormModel]) -> _Plan:
         defaults[name] = default
         if factory is not None:
             factories.append((name, factory))
-    _PLANS[model] = found = _Plan(defaults, frozenset(defaults), tuple(factories))
+    _PLANS[model] = found = _Plan(defaults, frozenset(defaults), tuple(factories), _manager(model))
     return found
+
+
+def _fill(instance: _Row, plan: _Plan, data: dict[str, Any]) -> None:
+    """Write a new row's fields: `data`'s, the rest from their defaults (see `_Row.__init__`)."""
+    values = dict(plan.defaults)  # every field, in order: the defaults, None for factories
+    if plan.names.issuperset(data):
+        values.update(data)
+        given = set(data)
+    else:
+        given = {name for name in data if name in plan.names}
+        values.update((name, data[name]) for name in given)
+    for name, factory in plan.factories:
+        if name not in given:
+            values[name] = factory()
+    instance.__dict__.update(values)
+    _set_slot(instance, "__pydantic_fields_set__", given)
+
+
+def _init_with_events(instance: _Row, manager: Any, plan: _Plan, data: dict[str, Any]) -> None:
+    """`_fill`, inside the ORM's `init` and `init_failure` events (what its own `__init__` does)."""
+    state = manager._state_constructor(instance, manager)
+    instance.__dict__[_STATE] = state
+    manager.dispatch.init(state, (), data)  # a listener may change `data`, as the ORM allows
+    try:
+        _fill(instance, plan, data)
+    except BaseException:
+        with sa.util.safe_reraise():
+            manager.dispatch.init_failure(state, (), data)
 
 
 _new_object = object.__new__
 _set_slot = object.__setattr__
-_STATE = "_sa_instance_state"  # where the ORM keeps an instance's state
+
+# The ORM wrapped each table's `__init__` in its own, which makes the state
+# first; `_Row.__init__` does the same work with the state made on demand.
+for _model in _Row.__subclasses__():
+    type.__setattr__(_model, "__init__", _Row.__init__)
 
 
 # The full-text indexes' DDL joins the metadata's create_all (it needs the tables above).

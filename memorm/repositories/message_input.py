@@ -63,7 +63,7 @@ def check_message(item: object, index: int) -> dict[str, Any]:
     return {
         "id": uuid7() if message_id is None else as_uuid(message_id, f"{where}.id"),
         "created_at": None if created_at is None else check_aware(created_at, f"{where}.created_at"),
-        "meta": {} if meta is None else check_json_object(meta, f"{where}.meta"),
+        "meta": _check_meta(meta, where),
         "role": role,
         "content": _check_content(given.get("content", ""), role, where),
         "name": check_text(given.get("name"), f"{where}.name", optional=True),
@@ -71,6 +71,14 @@ def check_message(item: object, index: int) -> dict[str, Any]:
         "tool_call_id": check_text(given.get("tool_call_id"), f"{where}.tool_call_id", optional=True),
         "token_count": tokens,
     }
+
+
+def _check_meta(meta: object, where: str) -> dict[str, Any]:
+    """The message's `meta`: a plain dict is kept as given (as `Message(meta=...)` keeps it), not copied."""
+    if type(meta) is dict:
+        check_json(meta, f"{where}.meta")
+        return meta
+    return check_json_object(meta, f"{where}.meta")  # None -> {}; another mapping -> a dict
 
 
 def _check_content(content: object, role: str, where: str) -> str | None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from functools import cache
-from operator import itemgetter
 from typing import Any
 
 import sqlalchemy as sa
@@ -45,10 +44,7 @@ _ALLOCATE = (
     .returning(SESSIONS.c.agent_id, SESSIONS.c.next_seq)
 )
 _ALLOCATE_ROUTED = _ALLOCATE.where(SESSIONS.c.agent_id == sa.bindparam("of_agent"))  # the agent known
-_FROM_COUNTER = ("agent_id", "seq")
-_VALUES = itemgetter(
-    *_COLUMNS
-)  # a checked row's values, in column order  # a folded append's columns that come from the session's counter
+_FROM_COUNTER = ("agent_id", "seq")  # a folded append's columns that come from the session's counter
 
 
 @cache
@@ -363,5 +359,5 @@ class MessageRepository(MessageRetention):
                 stored.append(item)
             else:
                 stored.append(hydrate(Message, row))
-        await insert_rows(self.link, MESSAGES, _COLUMNS, list(map(_VALUES, rows)))
+        await insert_rows(self.link, MESSAGES, _COLUMNS, rows)
         return stored

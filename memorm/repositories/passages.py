@@ -177,7 +177,7 @@ class PassageRepository(PassageQueries):
                     "updated_at": now,
                 }
             )
-        await insert_rows(self.link, PASSAGES, _COLUMNS, [[row[c] for c in _COLUMNS] for row in rows])
+        await insert_rows(self.link, PASSAGES, _COLUMNS, rows)
         return [hydrate(ArchivalPassage, row) for row in rows]
 
     def _check_item(self, item: object, index: int) -> tuple[str, dict[str, Any]]:

@@ -1,0 +1,95 @@
+"""memorm's row objects are SQLModel tables: the ORM's state is made on demand and works as usual."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlmodel import select
+
+from memorm import Database
+from memorm.models import Agent, AgentName, ArchivalPassage, Message, Session, hydrate
+
+pytestmark = pytest.mark.anyio
+
+STATE = "_sa_instance_state"
+
+
+@pytest.fixture
+def init_calls() -> Iterator[list[dict[str, Any]]]:
+    """The keyword arguments each `Message()` hands the ORM's `init` event, while this test listens."""
+    calls: list[dict[str, Any]] = []
+
+    def listener(target: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        kwargs.setdefault("name", "from-listener")  # a listener may change the arguments
+        calls.append(dict(kwargs))
+
+    event.listen(Message, "init", listener)
+    try:
+        yield calls
+    finally:
+        event.remove(Message, "init", listener)
+
+
+@pytest.mark.parametrize("model", [Agent, Session, Message, ArchivalPassage])
+def test_a_new_row_makes_its_orm_state_when_the_orm_first_asks(model: type[Any]) -> None:
+    row = model()
+    assert STATE not in vars(row)
+    state = sa.inspect(row)
+    assert state.transient
+    assert state.object is row
+    assert vars(row)[STATE] is state  # stored: the next ask finds the same state
+    assert sa.inspect(row) is state
+
+
+def test_a_hydrated_row_makes_its_state_on_demand_and_a_copy_gets_its_own() -> None:
+    message = hydrate(Message, {"role": "user", "content": "hi", "meta": {}})
+    assert STATE not in vars(message)
+    twin = copy.copy(message)
+    assert sa.inspect(twin).object is twin
+    assert sa.inspect(message).object is message
+    assert sa.inspect(twin) is not sa.inspect(message)
+
+
+def test_other_tables_keep_the_orms_own_constructor() -> None:
+    name = AgentName(name="n", agent_id=Message().id)
+    assert vars(name)[STATE].object is name
+
+
+def test_the_orms_init_event_reaches_its_listeners_and_may_change_the_arguments(
+    init_calls: list[dict[str, Any]],
+) -> None:
+    message = Message(role="user", content="hi")
+    assert init_calls == [{"role": "user", "content": "hi", "name": "from-listener"}]
+    assert message.name == "from-listener"
+    assert vars(message)[STATE] is sa.inspect(message)  # the state came first, as the ORM makes it
+
+
+async def test_appended_messages_work_with_the_orm_session_of_the_unit_of_work(db: Database) -> None:
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create("orm")
+        chat = await uow.sessions.create(agent.id)
+        given = [{"role": "user", "content": "one", "meta": {"k": 1}}, Message(role="assistant", content="2")]
+        appended = await uow.messages.append(chat.id, given)
+        assert all(STATE not in vars(message) for message in appended)
+        # An object the ORM adds itself, numbered by hand, beside memorm's appends.
+        uow.session.add(Message(session_id=chat.id, agent_id=agent.id, seq=100, role="user", content="three"))
+        await uow.session.flush()
+        merged = await uow.session.merge(appended[0])  # memorm's row, known to the ORM by its key
+        merged.content = "one, edited"
+        await uow.session.flush()
+    async with db.unit_of_work(read_only=True) as uow:
+        window = await uow.messages.window(chat.id)
+        assert [(m.seq, m.content, m.meta) for m in window] == [
+            (1, "one, edited", {"k": 1}),
+            (2, "2", {}),
+            (100, "three", {}),
+        ]
+        assert sa.inspect(window[0]).transient  # read by memorm: not in the ORM's session
+        loaded = (await uow.session.scalars(select(Message).where(Message.session_id == chat.id))).all()
+        assert sorted(m.content for m in loaded) == ["2", "one, edited", "three"]
+        assert all(sa.inspect(m).persistent for m in loaded)
