@@ -362,3 +362,43 @@ async def test_the_callers_server_settings_win_over_the_connections_hnsw_default
             assert await _setting(uow, "hnsw.iterative_scan") == "strict_order"
     finally:
         await db.dispose()
+
+
+@pytest.mark.single_node  # the plans of a distributed query are the coordinator's and the workers'
+async def test_a_first_page_is_planned_once_and_later_pages_share_one_statement(db: Database) -> None:
+    """A first page's limits are literals, so Postgres settles on one (generic) plan for its
+    prepared statement instead of planning each search anew; pages past the first keep their
+    limits as parameters, so paging prepares no statement per offset."""
+    agent = await _small_archive(db)
+    queries = _unit_vectors(10, 12)
+    async with db.unit_of_work(read_only=True) as uow:
+        with _capture(db) as sent:
+            firsts = [await uow.passages.search(agent.id, q, k=5, embedding_model="m") for q in queries]
+            later = [
+                await uow.passages.search(agent.id, queries[0], k=5, offset=o, embedding_model="m")
+                for o in (5, 10)
+            ]
+        plans = await uow.link.driver.fetch(
+            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements "
+            "WHERE statement LIKE '%ORDER BY distance%'"
+        )
+    searches = [statement for statement, _ in sent if "ORDER BY distance" in statement]
+    first, *_ = searches
+    assert "LIMIT 21" in first  # k and the tie margin, as literals
+    assert "LIMIT $" not in first
+    assert set(searches[: len(queries)]) == {first}
+    assert searches[-2] == searches[-1] != first  # one statement for every later page
+    assert "LIMIT $" in searches[-1]
+    [(_, generic, custom)] = [row for row in plans if row["statement"] == first]
+    assert custom <= 5 < generic + custom  # Postgres's five custom plans, then one generic plan
+    assert generic == len(queries) - custom
+    # Paging gives the ranking the first page continues.
+    whole = await _first_page(db, agent, queries[0], 15)
+    assert [hit.passage.id for hits in (firsts[0], *later) for hit in hits] == whole
+
+
+async def _first_page(db: Database, agent: Agent, query: np.ndarray, k: int) -> list[uuid.UUID]:
+    async with db.unit_of_work(read_only=True) as uow:
+        return [
+            hit.passage.id for hit in await uow.passages.search(agent.id, query, k=k, embedding_model="m")
+        ]

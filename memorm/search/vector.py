@@ -352,23 +352,32 @@ class _Nearest:
     exact: sa.Select[Any]
 
 
-# (metric, model name, dim, precision): the statements of a search without filters, built once
-_STATEMENTS: dict[tuple[str, str, int, str], _Nearest] = {}
+# (metric, model name, dim, precision, first page's k or None): a search's statements without
+# filters, built once
+_STATEMENTS: dict[tuple[str, str, int, str, int | None], _Nearest] = {}
 _STATEMENTS_MAX = 1024  # beyond, searches build their own: any number of model names stays bounded
 
 
 def _nearest_statement(
-    metric: str, name: str, dim: int, precision: str, where: Sequence[ColumnElement[bool]]
+    metric: str, name: str, dim: int, precision: str, where: Sequence[ColumnElement[bool]], first: int | None
 ) -> _Nearest:
     """The search's statements for this model shape and metric; without filters, built once.
 
     The model name and dimension are literals (`_model_predicate`); every
     other value is a parameter: `query`, `tenant`, `agent`, the model's
-    (`current_model`), `near` (how many the inner query takes), `limit` and
-    `offset`.  A statement built once is compiled once, and its cache key
-    computed once.
+    (`current_model`), and for a page past the first, `near` (how many the
+    inner query takes), `limit` and `offset`.  A statement built once is
+    compiled once, and its cache key computed once.
+
+    `first`: the `k` of a first page (offset 0), whose limits are literals.
+    With a parameter for a LIMIT, Postgres cannot cost a generic plan, so it
+    plans every execution of the prepared statement anew (custom plans); a
+    literal LIMIT lets it settle on one plan after five executions.  That
+    planning was a quarter of the statement's time on the server.  Pages past
+    the first keep parameters, so paging through results prepares no new
+    statement per offset.
     """
-    key = (metric, name, dim, precision)
+    key = (metric, name, dim, precision, first)
     if not where and key in _STATEMENTS:
         return _STATEMENTS[key]
     shape = EmbeddingModel(name=name, dim=dim, precision=precision)
@@ -382,12 +391,18 @@ def _nearest_statement(
         current_model(sa.bindparam("tenant"), sa.bindparam("agent")),
         *where,
     )
+    counts: tuple[sa.ColumnElement[int], ...]
+    if first is None:
+        counts = tuple(sa.bindparam(name, type_=sa.BigInteger) for name in ("near", "limit", "offset"))
+    else:
+        counts = tuple(sa.literal_column(str(n), sa.BigInteger) for n in (_margin(first), first, 0))
+    near_limit, limit, offset = counts
     # The index yields rows in distance order only for ORDER BY distance alone:
     # the inner query takes the nearest few that way; the outer one breaks
     # ties by id and cuts the page, and says how many the inner one found and
     # the farthest distance among them, to tell whether equal distances ran
     # past the margin.  One statement, the passages' columns included.
-    near = scoped.order_by(distance).limit(sa.bindparam("near", type_=sa.BigInteger)).subquery("near")
+    near = scoped.order_by(distance).limit(near_limit).subquery("near")
     page = (
         sa.select(
             *near.c,
@@ -395,18 +410,19 @@ def _nearest_statement(
             sa.func.max(near.c.distance).over().label("edge"),
         )
         .order_by(near.c.distance, near.c.id)
-        .limit(sa.bindparam("limit", type_=sa.BigInteger))
-        .offset(sa.bindparam("offset", type_=sa.BigInteger))
+        .limit(limit)
+        .offset(offset)
     )
-    exact = (
-        scoped.order_by(distance, PASSAGES.c.id)
-        .limit(sa.bindparam("limit", type_=sa.BigInteger))
-        .offset(sa.bindparam("offset", type_=sa.BigInteger))
-    )
+    exact = scoped.order_by(distance, PASSAGES.c.id).limit(limit).offset(offset)
     statements = _Nearest(page, exact)
     if not where and len(_STATEMENTS) < _STATEMENTS_MAX:
         _STATEMENTS[key] = statements
     return statements
+
+
+def _margin(want: int) -> int:
+    """How many rows the inner query takes for the nearest `want` (offsets count: 64-bit)."""
+    return min(want + _TIE_MARGIN, INT64_MAX)
 
 
 async def _pg_nearest(
@@ -422,9 +438,9 @@ async def _pg_nearest(
     offset: int,
     ef_search: int | None,
 ) -> list[tuple[ArchivalPassage, float]]:
-    statements = _nearest_statement(metric, model.name, model.dim, model.precision, where)
-    want = k + offset
-    near = min(want + _TIE_MARGIN, INT64_MAX)  # offsets are 64-bit: so are the limits
+    first = k if offset == 0 else None
+    statements = _nearest_statement(metric, model.name, model.dim, model.precision, where, first)
+    near = _margin(k + offset)
     values = {
         "query": query,
         **_model_params(tenant, agent_id, model),
