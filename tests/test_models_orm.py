@@ -9,10 +9,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
+from sqlalchemy.dialects import postgresql
 from sqlmodel import select
 
 from memorm import Database
 from memorm.models import Agent, AgentName, ArchivalPassage, Message, Session, hydrate
+from memorm.types import VectorType
 
 pytestmark = pytest.mark.anyio
 
@@ -93,3 +95,25 @@ async def test_appended_messages_work_with_the_orm_session_of_the_unit_of_work(d
         loaded = (await uow.session.scalars(select(Message).where(Message.session_id == chat.id))).all()
         assert sorted(m.content for m in loaded) == ["2", "one, edited", "three"]
         assert all(sa.inspect(m).persistent for m in loaded)
+
+
+async def test_passages_loaded_by_the_orm_carry_their_embeddings_as_lists(db: Database) -> None:
+    vectors = [[0.5, -1.25, 2.0], [0.0, 0.25, 1.0]]
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create("vectors")
+        added = await uow.passages.add_many(agent.id, [{"text": str(v), "embedding": v} for v in vectors])
+        loaded = (
+            await uow.session.scalars(select(ArchivalPassage).where(ArchivalPassage.agent_id == agent.id))
+        ).all()
+    by_id = {passage.id: passage.embedding for passage in loaded}
+    assert [by_id[passage.id] for passage in added] == vectors
+    assert all(type(embedding) is list for embedding in by_id.values())
+
+
+@pytest.mark.parametrize(("text", "values"), [("[1,2.5,-3e-05]", [1.0, 2.5, -3e-05]), ("[]", [])])
+def test_a_postgres_vector_read_as_text_becomes_a_list(text: str, values: list[float]) -> None:
+    """Without pgvector's binary codec on the connection, asyncpg hands over the text form."""
+    process = VectorType().result_processor(postgresql.dialect(), None)
+    assert process is not None
+    assert process(text) == values
+    assert process(None) is None

@@ -114,6 +114,11 @@ class VectorType(sa.types.TypeDecorator[list[float]]):
             return value
         return pack_float16(value) if self.half else pack_float32(value)
 
+    def result_processor(self, dialect: Dialect, coltype: Any) -> Callable[[Any], Any] | None:
+        if dialect.name == "postgresql":
+            return _postgres_list  # one call per value, not pgvector's and then this type's
+        return super().result_processor(dialect, coltype)
+
     def process_result_value(self, value: Any, dialect: Dialect) -> list[float] | None:
         if value is None:
             return None
@@ -123,3 +128,12 @@ class VectorType(sa.types.TypeDecorator[list[float]]):
         if isinstance(value, (Vector, HalfVector)):
             return value.to_list()
         return list(value)
+
+
+def _postgres_list(value: Any) -> list[float] | None:
+    """A Postgres vector as a list: a `Vector`/`HalfVector` from the binary codec, or text."""
+    if value is None:
+        return None
+    if isinstance(value, (Vector, HalfVector)):
+        return value.to_list()
+    return [float(item) for item in str(value)[1:-1].split(",") if item]  # '[1,2,3]'; '[]' is empty
