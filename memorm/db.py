@@ -76,6 +76,9 @@ class Database:
         ```
     """
 
+    token_counter: TokenCounter
+    vector_cache: VectorCache
+
     def __init__(
         self,
         url: str | URL | None = None,

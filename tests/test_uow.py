@@ -378,3 +378,18 @@ async def test_a_deadlock_is_a_transient_conflict_and_the_other_unit_of_work_goe
         names = {(await uow.agents.get(agent)).name for agent in (first, second)}  # type: ignore[union-attr]
     winner = outcomes.index(None)
     assert names == {f"by-{winner}-0", f"by-{winner}-1"}
+
+
+async def test_repositories_are_made_on_first_use_and_anew_for_each_entry(db: Database) -> None:
+    uow = db.unit_of_work()
+    with pytest.raises(RuntimeError, match="not open"):
+        _ = uow.agents
+    async with uow:
+        agents = uow.agents
+        assert uow.agents is agents  # one repository per unit of work
+        assert "messages" not in vars(uow)  # not made until used
+        await agents.create("first")
+    async with uow:  # entered again: a new connection, so new repositories on it
+        assert uow.agents is not agents
+        assert uow.agents.link is uow.link
+        assert (await uow.agents.get_by_name("first")) is not None
