@@ -197,8 +197,14 @@ def _convert(
     """
     if not rows:
         return []
+    first_row: Any = rows[0]
+    keyed = isinstance(first_row, Mapping)
+    if len(rows) == 1:  # a chat append's one message: value by value, no columns to build
+        values = [first_row[name] for name in columns_of] if keyed else list(first_row)
+        values += ["" if values[at] is None else values[at] for at in sources]
+        return [tuple(v if p is None or v is None else p(v) for p, v in zip(processors, values, strict=True))]
     columns: list[list[Any]]
-    if isinstance(rows[0], Mapping):
+    if keyed:
         columns = [list(map(itemgetter(name), rows)) for name in columns_of]
     else:
         columns = [list(column) for column in zip(*rows, strict=True)]

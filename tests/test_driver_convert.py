@@ -1,5 +1,8 @@
 """Bulk rows are converted column by column (`memorm.driver._convert`): exactly as value by value.
 
+Rows are tuples in column order or dicts holding the columns; a single row
+takes its own path (value by value), checked by the same property.
+
 The column-wise path converts a column of one repeated value once; equal
 values that would not convert alike (`{"a": 1} == {"a": True}`) must not be
 taken for one value.
@@ -55,7 +58,11 @@ def test_column_wise_conversion_equals_value_by_value(rows: list[tuple[Any, ...]
     for dialect in (aiosqlite.dialect(), asyncpg.dialect()):
         names, sources = _with_derived(MESSAGES, COLUMNS)
         processors = _processors(dialect, MESSAGES, names)
-        assert _convert(processors, rows, sources) == one_by_one(processors, rows, sources)
+        expected = one_by_one(processors, rows, sources)
+        assert _convert(processors, rows, sources) == expected
+        # A repository's checked rows, handed over as dicts holding the columns (and more).
+        keyed = [{**dict(zip(COLUMNS, row, strict=True)), "other": object()} for row in rows]
+        assert _convert(processors, keyed, sources, COLUMNS) == expected
 
 
 def test_equal_json_that_serialises_differently_is_converted_per_row() -> None:
