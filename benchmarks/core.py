@@ -408,7 +408,7 @@ async def both_sides(engine: str) -> AsyncIterator[Sides]:
 async def run_engine(engine: str, *, quick: bool = False) -> list[Row]:
     async with both_sides(engine) as (_, db, raw, agent_id):
         await check_equivalence(db, raw, agent_id)
-        rows = await bench_bulk(db, raw, agent_id, engine, reps=2 if quick else 5, size=10_000)
+        rows = await bench_bulk(db, raw, agent_id, engine, reps=2 if quick else 9, size=10_000)
         rows += await bench_singles(db, raw, agent_id, engine, count=100 if quick else 1_000)
         sizes = (1_000, 10_000 if quick else 100_000)
         sessions = await histories(db, agent_id, sizes)

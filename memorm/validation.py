@@ -48,6 +48,7 @@ __all__ = [
     "as_uuid",
     "check_aware",
     "check_duration",
+    "check_fields",
     "check_flag",
     "check_int",
     "check_json",
@@ -71,7 +72,6 @@ MAX_JSON_DEPTH = 64
 MAX_PAGE = 1000
 MAX_NAME = 512  # characters: 4 bytes each in UTF-8 still fit a Postgres btree entry (~2,700 bytes)
 MAX_DIMENSIONS = 16000
-_FLOAT_ONLY = {float}
 # The longest vector whose distances to any other stay finite in float32, in which
 # pgvector sums (|a - b|^2 <= (2 * length)^2 <= float32's largest value).
 MAX_VECTOR_LENGTH = 9.2e18
@@ -236,8 +236,23 @@ def _encodes(text: str) -> bool:
     return True
 
 
-def check_json_object(value: object, field: str) -> dict[str, Any]:
-    """A JSON object (dict); `None` becomes `{}`."""
+def check_fields(given: Mapping[str, Any], known: frozenset[str], where: str) -> Mapping[str, Any]:
+    """`given` (a dict of a row's fields), if it names none but `known`."""
+    if not known.issuperset(given):
+        unknown = set(given) - known
+        raise ValidationError(f"{where}: unknown fields {', '.join(sorted(map(str, unknown)))}")
+    return given
+
+
+def check_json_object(value: object, field: str, *, keep: bool = False) -> dict[str, Any]:
+    """A JSON object (dict); `None` becomes `{}`.
+
+    A copy, unless `keep`: then a plain dict is returned as given, as a
+    row object built with it keeps it (`Message(meta=d).meta is d`).
+    """
+    if keep and type(value) is dict:
+        check_json(value, field)
+        return value
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -321,17 +336,21 @@ def check_limit(limit: object, offset: object = 0, *, maximum: int = MAX_PAGE) -
 
 
 def check_vector(value: object, field: str = "embedding") -> list[float]:
-    """A sequence of 1 to 16,000 finite numbers within float32, as a list of floats."""
+    """A sequence of 1 to 16,000 finite numbers within float32, as a list of floats.
+
+    A list of floats is returned as given, not copied (as a row object built
+    with it keeps it); anything else becomes a new list.
+    """
     # The common case, cheaply: a list of floats of a storable length.  hypot
     # (in C, and immune to overflow) is NaN or infinite for NaN and infinities,
     # which fall through to the checks below.
     if (
         type(value) is list
         and 0 < len(value) <= MAX_DIMENSIONS
-        and set(map(type, value)) == _FLOAT_ONLY  # in C, unlike a generator over the items
+        and list(map(type, value)).count(float) == len(value)  # in C, unlike a loop over the items
         and math.hypot(*value) <= MAX_VECTOR_LENGTH
     ):
-        return list(value)
+        return value
     items: list[Any]
     if callable(getattr(value, "tolist", None)):  # numpy arrays
         items = value.tolist()  # type: ignore[attr-defined]

@@ -83,6 +83,36 @@ async def test_bulk_batch_round_trips_every_row(db: Database) -> None:
         assert stored.embedding == vectors[i].astype(np.float64).tolist()
 
 
+async def test_add_many_returns_what_it_stored_keeping_the_given_lists_and_meta(db: Database) -> None:
+    agent = await _new_agent(db)
+    async with db.unit_of_work() as uow:
+        await uow.passages.define_model(agent.id, "half", 3, precision="float16")
+    floats, meta = [0.5, -0.25, 2.0], {"k": [1]}
+    items: list[dict[str, Any]] = [
+        {"text": "floats", "embedding": floats, "meta": meta},
+        {"text": "ints", "embedding": [1, 2, 3]},  # not floats: checked into a new list of floats
+        {"text": "tuple", "embedding": (0.5, 1.5, 2.5), "embedding_model": "half"},
+        {"text": "half", "embedding": [0.25, 0.5, 1.0], "embedding_model": "half"},
+    ]
+    async with db.unit_of_work() as uow:
+        added = await uow.passages.add_many(agent.id, items)
+    assert added[0].embedding is floats
+    assert added[0].meta is meta
+    assert added[1].embedding == [1.0, 2.0, 3.0]
+    assert all(type(x) is float for x in added[1].embedding)
+    assert [(p.embedding, p.embedding_half) for p in added[2:]] == [
+        (None, [0.5, 1.5, 2.5]),
+        (None, [0.25, 0.5, 1.0]),
+    ]
+    async with db.unit_of_work(read_only=True) as uow:
+        stored = [await uow.passages.get(p.id) for p in added]
+    fields = ("text", "embedding", "embedding_half", "embedding_model", "embedding_dim", "meta", "created_at")
+    assert [tuple(getattr(p, f) for f in fields) for p in stored] == [
+        tuple(getattr(p, f) for f in fields) for p in added
+    ]
+    assert [p.embedding_dim for p in added] == [3, 3, 3, 3]
+
+
 async def test_update_text_changes_text_and_embedding_together(db: Database) -> None:
     agent = await _new_agent(db)
     async with db.unit_of_work() as uow:

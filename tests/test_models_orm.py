@@ -48,6 +48,29 @@ def test_a_new_row_makes_its_orm_state_when_the_orm_first_asks(model: type[Any])
     assert sa.inspect(row) is state
 
 
+@pytest.mark.parametrize("model", [Agent, Session, Message, ArchivalPassage])
+def test_calling_a_table_builds_the_row_its_init_builds(model: type[Any]) -> None:
+    """The one-call constructor (`_RowType.__call__`) and `__init__` make the same row."""
+    given = {"meta": {"k": [1]}, "not_a_field": 1}  # names that are not fields are ignored, as SQLModel does
+    called = model(**given)
+    initialised = model.__new__(model)
+    initialised.__init__(**given)
+    assert called.__pydantic_fields_set__ == initialised.__pydantic_fields_set__ == {"meta"}
+    assert called.__pydantic_extra__ is None
+    assert called.__pydantic_private__ is None
+    assert called.model_dump().keys() == initialised.model_dump().keys() == model.model_fields.keys()
+    assert called.meta is given["meta"]
+    assert called.id != initialised.id
+    assert called.id.version == 7
+    assert called.created_at.tzinfo is not None
+    assert not hasattr(called, "not_a_field")
+    fresh = [model() for _ in range(3)]
+    assert all(row.meta == {} for row in fresh)
+    assert len({id(row.meta) for row in fresh}) == 3
+    with pytest.raises(TypeError):
+        model({"meta": {}})  # pydantic's rule: keyword arguments only
+
+
 def test_a_hydrated_row_makes_its_state_on_demand_and_a_copy_gets_its_own() -> None:
     message = hydrate(Message, {"role": "user", "content": "hi", "meta": {}})
     assert STATE not in vars(message)

@@ -13,6 +13,7 @@ from memorm.validation import (
     INT32_MAX,
     as_uuid,
     check_aware,
+    check_fields,
     check_int,
     check_json,
     check_json_object,
@@ -40,10 +41,7 @@ def check_message(item: object, index: int) -> dict[str, Any]:
     if isinstance(item, Message):
         given = item.__dict__  # plain reads: no instrumentation on the hot path
     elif isinstance(item, Mapping):
-        if not _GIVEN.issuperset(item):
-            unknown = set(item) - _GIVEN
-            raise ValidationError(f"{where}: unknown fields {', '.join(sorted(map(str, unknown)))}")
-        given = item
+        given = check_fields(item, _GIVEN, where)
     else:
         raise ValidationError(f"{where}: expected a Message or a dict, got {type(item).__name__}")
     role = given.get("role")
@@ -63,7 +61,7 @@ def check_message(item: object, index: int) -> dict[str, Any]:
     return {
         "id": uuid7() if message_id is None else as_uuid(message_id, f"{where}.id"),
         "created_at": None if created_at is None else check_aware(created_at, f"{where}.created_at"),
-        "meta": _check_meta(meta, where),
+        "meta": check_json_object(meta, f"{where}.meta", keep=True),
         "role": role,
         "content": _check_content(given.get("content", ""), role, where),
         "name": check_text(given.get("name"), f"{where}.name", optional=True),
@@ -71,14 +69,6 @@ def check_message(item: object, index: int) -> dict[str, Any]:
         "tool_call_id": check_text(given.get("tool_call_id"), f"{where}.tool_call_id", optional=True),
         "token_count": tokens,
     }
-
-
-def _check_meta(meta: object, where: str) -> dict[str, Any]:
-    """The message's `meta`: a plain dict is kept as given (as `Message(meta=...)` keeps it), not copied."""
-    if type(meta) is dict:
-        check_json(meta, f"{where}.meta")
-        return meta
-    return check_json_object(meta, f"{where}.meta")  # None -> {}; another mapping -> a dict
 
 
 def _check_content(content: object, role: str, where: str) -> str | None:

@@ -41,6 +41,7 @@ from memorm.types import utcnow
 from memorm.validation import (
     as_uuid,
     check_aware,
+    check_fields,
     check_flag,
     check_json_object,
     check_list,
@@ -57,6 +58,37 @@ def _old(tenant: str, agent_id: uuid.UUID, instant: datetime) -> sa.ColumnElemen
     return sa.and_(
         PASSAGES.c.tenant == tenant, PASSAGES.c.agent_id == agent_id, PASSAGES.c.created_at < instant
     )
+
+
+def _check_item(item: object, index: int) -> dict[str, Any]:
+    """The checked fields of one passage to add; the repository adds its owner, agent and times."""
+    where = f"items[{index}]"
+    if isinstance(item, ArchivalPassage):
+        given: Mapping[str, Any] = {
+            "text": item.text,
+            "embedding": item.vector,
+            "embedding_model": item.embedding_model,
+            "meta": item.meta,
+            "id": item.id,
+            "created_at": item.created_at,
+        }
+    elif isinstance(item, Mapping):
+        given = check_fields(item, _ITEM_FIELDS, where)
+    else:
+        raise ValidationError(f"{where}: expected a dict or an ArchivalPassage, got {type(item).__name__}")
+    created_at = given.get("created_at")
+    if created_at is not None:
+        check_aware(created_at, f"{where}.created_at")
+    passage_id = given.get("id")
+    return {
+        "id": uuid7() if passage_id is None else as_uuid(passage_id, f"{where}.id"),
+        "created_at": created_at,
+        "meta": check_json_object(given.get("meta"), f"{where}.meta", keep=True),
+        "text": check_text(given.get("text"), f"{where}.text"),
+        "embedding": check_vector(given.get("embedding"), f"{where}.embedding"),
+        "embedding_half": None,
+        "embedding_model": _check_model_name(given.get("embedding_model", "default")),
+    }
 
 
 class PassageRepository(PassageQueries):
@@ -140,15 +172,16 @@ class PassageRepository(PassageQueries):
         """
         key = as_uuid(agent_id, "agent_id")
         given = check_list(items, "items", "passages (dicts or ArchivalPassage objects)")
-        checked = [self._check_item(item, index) for index, item in enumerate(given)]
+        rows = [_check_item(item, index) for index, item in enumerate(given)]
         # Every check before any write: a rejected batch registers no model and
         # bumps no version, even if the caller carries on with the unit of work.
         shapes: dict[str, int] = {}
-        for index, (name, item) in enumerate(checked):
-            dim = shapes.setdefault(name, len(item["vector"]))
-            if dim != len(item["vector"]):
+        for index, row in enumerate(rows):
+            size = len(row["embedding"])
+            dim = shapes.setdefault(row["embedding_model"], size)
+            if dim != size:
                 raise ValidationError(
-                    f"items[{index}].embedding: {len(item['vector'])}-d, but model {name!r} "
+                    f"items[{index}].embedding: {size}-d, but model {row['embedding_model']!r} "
                     f"is {dim}-d in this batch"
                 )
         for name, dim in shapes.items():
@@ -156,61 +189,23 @@ class PassageRepository(PassageQueries):
             if known is not None and known.dim != dim:
                 raise ValidationError(f"embedding: model {name!r} stores {known.dim}-d vectors, got {dim}")
             if known is not None and known.precision == "float16":
-                _check_half([item["vector"] for model, item in checked if model == name])
+                _check_half([row["embedding"] for row in rows if row["embedding_model"] == name])
         await self._touch_agent(key)
+        half: set[str] = set()  # the models that store half precision
+        for name, dim in shapes.items():
+            if (await self._model(key, name, dim)).precision == "float16":
+                half.add(name)
         now = utcnow()
-        rows: builtins.list[dict[str, Any]] = []
-        for name, item in checked:
-            model = await self._model(key, name, len(item["vector"]))
-            half = model.precision == "float16"
-            vector = item.pop("vector")
-            rows.append(
-                {
-                    **item,
-                    "tenant": self._owner,
-                    "agent_id": key,
-                    "embedding": None if half else vector,
-                    "embedding_half": vector if half else None,
-                    "embedding_model": name,
-                    "embedding_dim": model.dim,
-                    "created_at": item["created_at"] or now,
-                    "updated_at": now,
-                }
-            )
+        shared = {"tenant": self._owner, "agent_id": key, "updated_at": now}
+        for row in rows:  # each checked row becomes its passage's fields (`hydrate`)
+            row.update(shared)
+            row["embedding_dim"] = len(row["embedding"])
+            if row["created_at"] is None:
+                row["created_at"] = now
+            if half and row["embedding_model"] in half:
+                row["embedding_half"], row["embedding"] = row["embedding"], None
         await insert_rows(self.link, PASSAGES, _COLUMNS, rows)
         return [hydrate(ArchivalPassage, row) for row in rows]
-
-    def _check_item(self, item: object, index: int) -> tuple[str, dict[str, Any]]:
-        where = f"items[{index}]"
-        if isinstance(item, ArchivalPassage):
-            given: Mapping[str, Any] = {
-                "text": item.text,
-                "embedding": item.vector,
-                "embedding_model": item.embedding_model,
-                "meta": item.meta,
-                "id": item.id,
-                "created_at": item.created_at,
-            }
-        elif isinstance(item, Mapping):
-            unknown = set(item) - _ITEM_FIELDS
-            if unknown:
-                raise ValidationError(f"{where}: unknown fields {', '.join(sorted(map(str, unknown)))}")
-            given = item
-        else:
-            raise ValidationError(
-                f"{where}: expected a dict or an ArchivalPassage, got {type(item).__name__}"
-            )
-        created_at = given.get("created_at")
-        if created_at is not None:
-            check_aware(created_at, f"{where}.created_at")
-        passage_id = given.get("id")
-        return _check_model_name(given.get("embedding_model", "default")), {
-            "id": uuid7() if passage_id is None else as_uuid(passage_id, f"{where}.id"),
-            "text": check_text(given.get("text"), f"{where}.text"),
-            "vector": check_vector(given.get("embedding"), f"{where}.embedding"),
-            "meta": check_json_object(given.get("meta"), f"{where}.meta"),
-            "created_at": created_at,
-        }
 
     async def update_text(
         self, passage_id: uuid.UUID | str, text: str, embedding: Sequence[float]

@@ -35,6 +35,7 @@ from memorm.search.store_vectors import (
     unscored,
 )
 from memorm.translate import check_writable, guarded
+from memorm.types import VectorType
 from memorm.validation import MAX_PAGE, MIN_TIME, as_uuid, check_int
 
 __all__ = ["MAX_KEY_BYTES", "NewItem", "StoreRepository", "StoredItem", "check_minutes", "under"]
@@ -87,7 +88,7 @@ def _put_one() -> Any:
     stored = item.on_conflict_do_update(index_elements=key, set_=replaced).cte("item")
     fields = sa.bindparam("fields", type_=postgresql.ARRAY(sa.Text))
     others = sa.delete(_V).where(*_one(_V), sa.not_(_V.c.field == sa.any_(fields))).cte("others")
-    embeddings = sa.bindparam("embeddings", type_=postgresql.ARRAY(_V.c.embedding.type, dimensions=1))
+    embeddings = sa.bindparam("embeddings", type_=postgresql.ARRAY(VectorType(array_item=True), dimensions=1))
     new = sa.func.unnest(fields, embeddings).table_valued("field", "embedding").render_derived()
     owner = [sa.bindparam(name, type_=_V.c[column].type) for column, name in _ONE.items()]
     vectors = postgresql.insert(_V).from_select(

@@ -50,38 +50,58 @@ def unpack_float16(data: bytes) -> list[float]:
     return result
 
 
+def _to_codec(value: Any) -> Any:
+    """A value for pgvector's binary codec, which encodes lists, arrays and its own objects.
+
+    The codec makes its `Vector` as it sends the value, as it does for a
+    raw asyncpg caller: a bulk insert holds no second copy of every vector.
+    """
+    return list(value) if type(value) is tuple else value
+
+
+def _to_vector(value: Any) -> Any:
+    """pgvector's `Vector` of a value: one element of an array parameter (`VectorType(array_item=True)`)."""
+    if value is None or isinstance(value, Vector):
+        return value
+    return Vector(list(value) if type(value) is tuple else value)
+
+
+def _to_half_vector(value: Any) -> Any:
+    if value is None or isinstance(value, HalfVector):
+        return value
+    return HalfVector(list(value) if type(value) is tuple else value)
+
+
 class _BinaryHalfVector(HALFVEC):
     """pgvector's `halfvec`, through the binary asyncpg codec (see `_BinaryVector`)."""
 
     cache_ok = True
 
-    def bind_processor(self, dialect: Dialect) -> Callable[[Any], Any]:
-        def process(value: Any) -> Any:
-            if value is None or isinstance(value, HalfVector):
-                return value
-            return HalfVector(value if not isinstance(value, tuple) else list(value))
+    def __init__(self, array_item: bool = False) -> None:
+        super().__init__()
+        self.array_item = array_item
 
-        return process
+    def bind_processor(self, dialect: Dialect) -> Callable[[Any], Any]:
+        return _to_half_vector if self.array_item else _to_codec
 
 
 class _BinaryVector(VECTOR):
     """pgvector's column type, sending values through the binary asyncpg codec.
 
     [`memorm.Database`][memorm.db.Database] registers pgvector's codec on every connection, so
-    values travel as binary `Vector` objects instead of being formatted as text.
+    values travel in pgvector's binary form instead of being formatted as text.
     The comparator (`cosine_distance`, `l2_distance`, `max_inner_product`)
     is pgvector's own.
     """
 
     cache_ok = True
 
-    def bind_processor(self, dialect: Dialect) -> Callable[[Any], Any]:
-        def process(value: Any) -> Any:
-            if value is None or isinstance(value, Vector):
-                return value
-            return Vector(value if not isinstance(value, tuple) else list(value))
+    def __init__(self, array_item: bool = False) -> None:
+        super().__init__()
+        self.array_item = array_item
 
-        return process
+    def bind_processor(self, dialect: Dialect) -> Callable[[Any], Any]:
+        return _to_vector if self.array_item else _to_codec
 
 
 class VectorType(sa.types.TypeDecorator[list[float]]):
@@ -95,18 +115,24 @@ class VectorType(sa.types.TypeDecorator[list[float]]):
 
     Args:
         half: store 16-bit floats: half the space, about 3 significant digits.
+        array_item: the type of a Postgres array parameter's elements
+            (`postgresql.ARRAY(VectorType(array_item=True))`): each is sent as
+            pgvector's object, since asyncpg reads a list inside a list as
+            another dimension of the array.
     """
 
     impl = sa.LargeBinary
     cache_ok = True
 
-    def __init__(self, half: bool = False) -> None:
+    def __init__(self, half: bool = False, array_item: bool = False) -> None:
         super().__init__()
         self.half = half
+        self.array_item = array_item
 
     def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
         if dialect.name == "postgresql":
-            return dialect.type_descriptor(_BinaryHalfVector() if self.half else _BinaryVector())
+            binary = _BinaryHalfVector if self.half else _BinaryVector
+            return dialect.type_descriptor(binary(self.array_item))
         return dialect.type_descriptor(sa.LargeBinary())
 
     def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
