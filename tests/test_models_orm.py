@@ -13,7 +13,7 @@ from sqlalchemy.dialects import postgresql
 from sqlmodel import select
 
 from memorm import Database
-from memorm.models import Agent, AgentName, ArchivalPassage, Message, Session, hydrate
+from memorm.models import Agent, AgentName, ArchivalPassage, Message, Session, hydrate, hydrate_all
 from memorm.types import VectorType
 
 pytestmark = pytest.mark.anyio
@@ -78,6 +78,27 @@ def test_a_hydrated_row_makes_its_state_on_demand_and_a_copy_gets_its_own() -> N
     assert sa.inspect(twin).object is twin
     assert sa.inspect(message).object is message
     assert sa.inspect(twin) is not sa.inspect(message)
+
+
+def test_hydrate_all_builds_what_hydrate_builds_row_by_row() -> None:
+    names = ("role", "content", "meta")
+    rows = [("extra", "user", "hi", {"n": 1}), ("extra", "assistant", "yo", {})]
+    built = hydrate_all(Message, names, rows, offset=1)
+    assert [m.model_dump(include=set(names)) for m in built] == [
+        hydrate(Message, dict(zip(names, row[1:], strict=True))).model_dump(include=set(names))
+        for row in rows
+    ]
+    assert built[0].meta is rows[0][3]
+    assert STATE not in vars(built[0])  # state on demand, as hydrate's
+    assert sa.inspect(built[1]).object is built[1]
+    assert built[0].__pydantic_fields_set__ == set()
+    assert built[0].__pydantic_fields_set__ is not built[1].__pydantic_fields_set__
+    (name,) = hydrate_all(
+        AgentName, ("name", "agent_id"), [("n", built[0].id)]
+    )  # not a memorm row: state now
+    assert vars(name)[STATE].object is name
+    with pytest.raises(ValueError, match="zip"):  # a row of the wrong width is a bug, not a short row
+        hydrate_all(Message, names, [("user", "hi")])
 
 
 def test_other_tables_keep_the_orms_own_constructor() -> None:

@@ -17,7 +17,7 @@ from sqlalchemy.sql import ColumnElement
 
 from memorm.driver import fetch
 from memorm.errors import NotFoundError, ValidationError
-from memorm.models import MESSAGES, SESSIONS, Message, fields, hydrate
+from memorm.models import MESSAGES, SESSIONS, Message, fields, hydrate_all
 from memorm.page import Page
 from memorm.repositories.base import Repository
 from memorm.repositories.message_input import check_roles
@@ -218,7 +218,7 @@ class MessageQueries(Repository):
                 return await self._context_beyond(key, budget, pinned_system, scanned=cap)
             cap = params["cap"] = min(cap * 4, budget + 1)
         found.sort(key=lambda row: (row[0], row[1 + _SEQ]))  # the system message, then oldest first
-        messages = [hydrate(Message, dict(zip(_COLUMNS, row[1:], strict=True))) for row in found]
+        messages = hydrate_all(Message, _COLUMNS, found, offset=1)
         system = messages.pop(0) if messages and found[0][0] == _SYSTEM else None
         while messages and messages[0].role == "tool":  # an answer whose call did not fit
             messages.pop(0)
@@ -262,7 +262,7 @@ class MessageQueries(Repository):
         statement = _WINDOW_FORWARD if forward else _WINDOW_BACK
         async with guarded(self.link):
             found = await fetch(self.link, statement, params)
-        return [hydrate(Message, dict(zip(_COLUMNS, row, strict=True))) for row in found]
+        return hydrate_all(Message, _COLUMNS, found)
 
     async def _budget_span(
         self, where: list[ColumnElement[bool]], budget: int, *, cap: int
@@ -445,7 +445,7 @@ class MessageQueries(Repository):
         if limit is not None:
             query = query.limit(limit)
         result = await self._execute(query)
-        return [hydrate(Message, dict(zip(_COLUMNS, row, strict=True))) for row in result]
+        return hydrate_all(Message, _COLUMNS, result)
 
     async def _require_session(self, key: uuid.UUID) -> None:
         if await self._scalar(sa.select(SESSIONS.c.id).where(*await self._session_row(key))) is None:
