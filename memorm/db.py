@@ -44,7 +44,7 @@ from memorm.search.vector import VectorCache, connection_setup
 from memorm.tenancy import DEFAULT_TENANT, check_tenant
 from memorm.tokens import TokenCounter, estimate_tokens
 from memorm.translate import MANAGED, READ_ONLY, translate, translating
-from memorm.types.json import dumps, loads
+from memorm.types.json import dumps, loads, loads_jsonb
 from memorm.validation import check_flag
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ class Database:
         """A new engine on this database's URL and options (one per event loop)."""
         options: dict[str, Any] = {
             "json_serializer": dumps,
-            "json_deserializer": loads,
+            "json_deserializer": loads_jsonb if self._dialect == "postgresql" else loads,
             # A unit of work always ends its transaction itself (and drops a
             # connection it cannot vouch for); the pool's extra ROLLBACK on
             # every check-in is a wasted round trip.

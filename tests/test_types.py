@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from memorm import Database, Session, UnitOfWork, ValidationError
 from memorm.ids import uuid7
-from memorm.types.json import dumps, loads
+from memorm.types.json import dumps, loads, loads_jsonb
 
 pytestmark = pytest.mark.anyio
 
@@ -157,6 +157,20 @@ def test_json_codec_keeps_every_value_but_the_sign_of_zero(value: Any) -> None:
     # Text another program wrote (with its negative zeros) reads the same way.
     assert _signs(loads(json.dumps(value))) == expected
     assert _signs(loads(json.dumps(value).encode())) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_json_values, spaced=st.booleans(), big=st.sampled_from([None, 2**63, -(2**70), 10**30]))
+def test_postgres_json_reads_as_the_general_reader_reads_it(
+    value: Any, spaced: bool, big: int | None
+) -> None:
+    """`loads_jsonb` (jsonb has no negative zero) and `loads` agree on what Postgres can send."""
+    document = json.dumps([_unsigned_zeros(value), big], separators=(", ", ": ") if spaced else (",", ":"))
+    assert _signs(loads_jsonb(document)) == _signs(loads(document))
+    assert _signs(loads_jsonb(document.encode())) == _signs(loads(document))
+    assert loads_jsonb("{}") == {}
+    if big is not None:  # an integer past 64 bits reads as the float it was
+        assert isinstance(loads_jsonb(document)[1], float)
 
 
 def test_json_codec_reads_every_spelling_of_negative_zero_unsigned() -> None:

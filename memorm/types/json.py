@@ -13,7 +13,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.types import TypeEngine
 
-__all__ = ["JSONType", "dumps", "json_pairs", "loads"]
+__all__ = ["JSONType", "dumps", "json_pairs", "loads", "loads_jsonb"]
 
 
 # A JSON string (skipped whole), or a number written with a positive exponent.
@@ -107,6 +107,27 @@ def loads(text: str | bytes) -> Any:
         if end == len(document):
             return value
         return _FAST_DECODER.decode(document)  # whitespace, or an error to report
+    return _DECODER.decode(document)
+
+
+def loads_jsonb(text: str | bytes) -> Any:
+    """`loads` for Postgres' `jsonb`, which has no negative zero (`-0.0` is stored as `0.0`).
+
+    One scan of the text fewer than `loads`: Postgres' JSON has spaces after
+    its colons and commas, and often a `-` in a string (ids, dates), where
+    `loads` would search for a negative zero.
+    """
+    document = text.decode() if isinstance(text, bytes) else text
+    if document == "{}":
+        return {}
+    if _LONG_DIGITS.search(document) is None:
+        try:
+            value, end = _scan(document, 0)
+        except StopIteration:
+            end = -1
+        if end == len(document):
+            return value
+        return _FAST_DECODER.decode(document)
     return _DECODER.decode(document)
 
 
