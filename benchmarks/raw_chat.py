@@ -125,7 +125,7 @@ WITH head AS (
 ), pinned AS (
     SELECT seq, coalesce(token_count, 0) AS tokens FROM head WHERE role = 'system'
 ), newest AS (
-    SELECT seq, coalesce(token_count, coalesce(length(content), 0) / 4 + 4) AS tokens
+    SELECT seq, coalesce(token_count, (coalesce(length(content), 0) + 3) / 4 + 4) AS tokens
     FROM messages
     WHERE {_SESSION} AND seq > coalesce((SELECT seq FROM pinned), -2147483649)
     ORDER BY seq DESC LIMIT {{scan}}

@@ -23,6 +23,7 @@ from memorm.repositories.base import Repository
 from memorm.repositories.message_input import check_roles
 from memorm.search.fts_ddl import MESSAGES_FTS
 from memorm.search.text import search_page
+from memorm.tokens import MESSAGE_OVERHEAD
 from memorm.translate import guarded
 from memorm.validation import (
     INT32_MAX,
@@ -62,8 +63,12 @@ _WINDOW_FORWARD = (  # the oldest `limit` messages from seq `bound` on
     .limit(sa.bindparam("limit"))
 )
 _FIRST_SCAN = 256  # context(): rows whose tokens are summed first (~25k tokens of chat)
-_TOKENS = sa.func.coalesce(  # a row's tokens, for budgets (estimated if a row has no count)
-    MESSAGES.c.token_count, sa.func.coalesce(sa.func.length(MESSAGES.c.content), 0) / 4 + 4
+# A row's tokens, for budgets; a row stored without a count (by another program) is
+# estimated as `memorm.tokens.estimate_tokens` estimates its content.  Integer
+# arithmetic on both engines: `/` would be a numeric division on Postgres.
+_TOKENS = sa.func.coalesce(
+    MESSAGES.c.token_count,
+    (sa.func.coalesce(sa.func.length(MESSAGES.c.content), 0) + 3) // 4 + MESSAGE_OVERHEAD,
 )
 _SYSTEM, _BODY = 0, 1  # context(): which part of the answer a row is
 
