@@ -91,11 +91,26 @@ def loads(text: str | bytes) -> Any:
     sign, or by another program) reads as `0.0`, as it does from jsonb.
     """
     document = text.decode() if isinstance(text, bytes) else text
-    if document == "{}":  # most rows' meta
-        return {}
     # Cheapest test first (see dumps); the unsigned decoder costs a Python call per float.
     if "-" in document and _NEGATIVE_ZERO.search(document):
         return _UNSIGNED_DECODER.decode(document)
+    return _without_negative_zero(document)
+
+
+def loads_jsonb(text: str | bytes) -> Any:
+    """`loads` for Postgres' `jsonb`, which has no negative zero (`-0.0` is stored as `0.0`).
+
+    One scan of the text fewer than `loads`: Postgres' JSON has spaces after
+    its colons and commas, and often a `-` in a string (ids, dates), where
+    `loads` would search for a negative zero.
+    """
+    return _without_negative_zero(text.decode() if isinstance(text, bytes) else text)
+
+
+def _without_negative_zero(document: str) -> Any:
+    """Parse a JSON document known to hold no negative zero."""
+    if document == "{}":  # most rows' meta
+        return {}
     if _LONG_DIGITS.search(document) is None:
         # No integer can be past 64 bits: the C scanner parses every number itself,
         # where `_int_or_float` would cost a Python call per integer.  Called
@@ -107,27 +122,6 @@ def loads(text: str | bytes) -> Any:
         if end == len(document):
             return value
         return _FAST_DECODER.decode(document)  # whitespace, or an error to report
-    return _DECODER.decode(document)
-
-
-def loads_jsonb(text: str | bytes) -> Any:
-    """`loads` for Postgres' `jsonb`, which has no negative zero (`-0.0` is stored as `0.0`).
-
-    One scan of the text fewer than `loads`: Postgres' JSON has spaces after
-    its colons and commas, and often a `-` in a string (ids, dates), where
-    `loads` would search for a negative zero.
-    """
-    document = text.decode() if isinstance(text, bytes) else text
-    if document == "{}":
-        return {}
-    if _LONG_DIGITS.search(document) is None:
-        try:
-            value, end = _scan(document, 0)
-        except StopIteration:
-            end = -1
-        if end == len(document):
-            return value
-        return _FAST_DECODER.decode(document)
     return _DECODER.decode(document)
 
 
