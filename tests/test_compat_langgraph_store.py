@@ -687,6 +687,39 @@ async def test_concurrent_calls_past_four_merge_into_a_few_units_of_work(db: Dat
     assert (await store.aget(("burst",), "k029")).value == {"n": -29}  # type: ignore[union-attr]
 
 
+async def test_an_abatch_of_reads_and_writes_checks_out_one_connection(db: Database) -> None:
+    # memorm's form of LangGraph's test_abatch_uses_single_pool_checkout, which counts
+    # PostgresStore's psycopg pool: a batch is one unit of work, on one pooled connection.
+    store = MemormStore(db, agent=await _agent(db), index={"dims": DIMS, "embed": embed, "fields": ["text"]})
+    await store.aput(("pool",), "a", {"text": "cat"})
+    checkouts: list[object] = []
+
+    def count(connection: object, *args: object) -> None:
+        checkouts.append(connection)
+
+    pool = db.engine.sync_engine.pool
+    sa.event.listen(pool, "checkout", count)
+    try:
+        results = await store.abatch(
+            [
+                GetOp(("pool",), "a"),
+                PutOp(("pool",), "b", {"text": "dog"}),
+                SearchOp(("pool",), query="cat", limit=1),
+                GetOp(("pool",), "missing"),
+            ]
+        )
+    finally:
+        sa.event.remove(pool, "checkout", count)
+    assert len(checkouts) == 1
+    got, put, found, missing = results
+    assert got is not None
+    assert got.value == {"text": "cat"}
+    assert put is None
+    assert missing is None
+    assert [item.key for item in found] == ["a"]
+    assert (await store.aget(("pool",), "b")).value == {"text": "dog"}  # type: ignore[union-attr]
+
+
 async def test_sync_calls_work_from_a_worker_thread(db: Database) -> None:
     store = MemormStore(db, agent=await _agent(db), index={"dims": DIMS, "embed": embed, "fields": ["text"]})
 
