@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import anyio
 import pytest
 import sqlalchemy as sa
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
@@ -26,6 +26,7 @@ from memorm import Database, NotFoundError, ValidationError
 from memorm.compat.langgraph import BlockingCallError, MemormSaver, MemormStore
 from memorm.errors import ConflictError
 from memorm.models import STORE_ITEMS, STORE_VECTORS
+from memorm.search import store_vectors
 from memorm.testing import capture_statements
 from memorm.types import utcnow
 
@@ -531,6 +532,78 @@ async def test_vector_search_ranks_by_the_best_field(db: Database) -> None:
         ("fish", {"a": "dog"}),
     ]
     assert len(sent) == (2 if db.dialect == "sqlite" else 1)  # SQLite: the vectors, then their items
+
+
+def _parsed(texts: list[str]) -> list[list[float]]:
+    """An embedding that reads a vector written out: "1 0 -2" is [1.0, 0.0, -2.0]."""
+    return [[float(number) for number in text.split()] for text in texts]
+
+
+_SMALL_VECTOR = st.lists(st.integers(-2, 2), min_size=3, max_size=3).map(lambda v: " ".join(map(str, v)))
+_SCORED_ITEM = st.tuples(
+    st.sampled_from([("a",), ("a", "b"), ("ab",), ("b",)]),
+    st.sampled_from([f"k{n}" for n in range(10)]),
+    st.dictionaries(st.sampled_from(["f0", "f1", "f2"]), _SMALL_VECTOR, max_size=3),
+)
+
+
+@example(  # the two best items in the first batch, before the last row of the batch
+    items=[(("a",), f"k{n}", {"f0": f"{6 - n} 0 0"}) for n in range(7)],
+    query="1 0 0",
+    distance="inner_product",
+    prefix=(),
+    limit=2,
+    offset=0,
+    batch=5,
+)
+@given(
+    items=st.lists(_SCORED_ITEM, max_size=20),
+    query=_SMALL_VECTOR,
+    distance=st.sampled_from(["inner_product", "l2"]),
+    prefix=st.sampled_from([(), ("a",), ("b",)]),
+    limit=st.integers(1, 6),
+    offset=st.integers(0, 4),
+    batch=st.integers(1, 5),
+)
+async def test_vector_search_pages_what_the_python_oracle_ranks(
+    db: Database,
+    items: list[tuple[tuple[str, ...], str, dict[str, str]]],
+    query: str,
+    distance: str,
+    prefix: tuple[str, ...],
+    limit: int,
+    offset: int,
+    batch: int,
+) -> None:
+    # Small integer vectors score exactly on both engines, so ties are real ties, broken by
+    # (namespace, key). SQLite reads the vectors `batch` at a time: an item's fields and the
+    # best items cross batches.
+    index = {"dims": 3, "embed": _parsed, "fields": ["f0", "f1", "f2"], "distance_type": distance}
+    store = MemormStore(db, agent=await _agent(db, f"ranked-{uuid.uuid4()}"), index=index)  # type: ignore[arg-type]
+    await store.abatch([PutOp(namespace, key, value) for namespace, key, value in items])
+    stored = {(namespace, key): value for namespace, key, value in items}  # the last put of a key wins
+    target = _parsed([query])[0]
+
+    def score(text: str) -> float:
+        vector = _parsed([text])[0]
+        if distance == "inner_product":
+            return float(sum(a * b for a, b in zip(vector, target, strict=True)))
+        return -math.sqrt(sum((a - b) ** 2 for a, b in zip(vector, target, strict=True)))
+
+    under = {(ns, key): value for (ns, key), value in stored.items() if ns[: len(prefix)] == prefix}
+    scored = sorted(
+        ((-max(map(score, value.values())), ".".join(ns), key) for (ns, key), value in under.items() if value)
+    )
+    unscored = [key for (ns, key), value in under.items() if not value]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(store_vectors, "BATCH", batch)
+        found = await store.asearch(prefix, query=query, limit=limit, offset=offset)
+    ranked = [(".".join(item.namespace), item.key) for item in found if item.score is not None]
+    assert ranked == [(ns, key) for _, ns, key in scored][offset : offset + limit]
+    assert [item.score for item in found][: len(ranked)] == pytest.approx(
+        [-negated for negated, _, _ in scored][offset : offset + len(ranked)]
+    )
+    assert len(found) == min(limit, max(0, len(scored) + len(unscored) - offset))
 
 
 def _hashed(texts: list[str], dims: int = 16) -> list[list[float]]:

@@ -24,7 +24,7 @@ LangGraph's:
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -318,10 +318,30 @@ async def store_index_exists(link: Link, dims: int, distance: str) -> bool:
     return found.first() is not None
 
 
+@lru_cache(maxsize=64)
+def _batches(
+    where: tuple[ColumnElement[bool], ...], scope: tuple[ColumnElement[bool], ...], dims: int
+) -> tuple[sa.Select[Any], sa.Select[Any]]:
+    """SQLite: the first `:batch` vectors the search compares, in key order, and those after `:after_*`."""
+    first = (
+        sa.select(_V.c.namespace, _V.c.key, _V.c.field, sa.type_coerce(_V.c.embedding, sa.LargeBinary))
+        .join(_I, _OF_ITEM)
+        .where(*where, *scope, sa.func.length(_V.c.embedding) == sa.literal_column(str(int(dims) * 4)))
+        .order_by(_V.c.namespace, _V.c.key, _V.c.field)
+        .limit(sa.bindparam("batch", type_=sa.Integer))
+    )
+    after = sa.tuple_(
+        sa.bindparam("after_namespace", type_=sa.String),
+        sa.bindparam("after_key", type_=sa.String),
+        sa.bindparam("after_field", type_=sa.String),
+    )
+    return first, first.where(sa.tuple_(_V.c.namespace, _V.c.key, _V.c.field) > after)
+
+
 async def _sqlite_nearest(
     link: Link,
-    where: Sequence[ColumnElement[bool]],
-    scope: Sequence[ColumnElement[bool]],
+    where: tuple[ColumnElement[bool], ...],
+    scope: tuple[ColumnElement[bool], ...],
     query: list[float],
     values: dict[str, Any],
     *,
@@ -334,38 +354,37 @@ async def _sqlite_nearest(
     want = min(limit + offset, INT64_MAX)
     target = np.asarray(query, dtype=np.float32)
     dims = len(query)
+    first, following = _batches(where, scope, dims)
+    values = {**values, "batch": BATCH}
     # Heap of the best `want` items so far: (score, inverted key) so the worst is popped first.
     kept: list[tuple[float, _Inverted]] = []
-    after: tuple[str, str, str] | None = None
-    pending: tuple[str, str, float] | None = None  # an item whose fields may go on in the next batch
+    pending: tuple[tuple[str, str], float] | None = None  # an item whose fields may go on in the next batch
+    statement = first
     while True:
-        statement = (
-            sa.select(_V.c.namespace, _V.c.key, _V.c.field, sa.type_coerce(_V.c.embedding, sa.LargeBinary))
-            .join(_I, _OF_ITEM)
-            .where(*where, *scope, _sized(link, dims))
-            .order_by(_V.c.namespace, _V.c.key, _V.c.field)
-            .limit(BATCH)
-        )
-        if after is not None:
-            statement = statement.where(sa.tuple_(_V.c.namespace, _V.c.key, _V.c.field) > sa.tuple_(*after))
-        rows: list[Any] = [tuple(row) for row in await link.execute(statement, values)]
+        rows = await fetch(link, statement, values)
         if not rows:
             break
-        after = (rows[-1][0], rows[-1][1], rows[-1][2])
+        last = rows[-1]
+        values.update(after_namespace=last[0], after_key=last[1], after_field=last[2])
+        statement = following
         # Packed little-endian float32 (memorm.types.VectorType): read without unpacking into lists.
-        vectors = np.frombuffer(b"".join(bytes(row[3]) for row in rows), dtype="<f4").reshape(len(rows), dims)
+        vectors = np.frombuffer(b"".join([row[3] for row in rows]), dtype="<f4").reshape(len(rows), dims)
         if vectors.size > _THREAD_ABOVE:
             scores = await anyio.to_thread.run_sync(_scores, vectors, target, distance)
         else:
             scores = _scores(vectors, target, distance)
-        for row, score in zip(rows, scores.tolist(), strict=True):
-            item = (row[0], row[1])
-            if pending is not None and pending[:2] == item:
-                pending = (row[0], row[1], max(pending[2], score))
-                continue
-            if pending is not None:
+        # Rows come in key order, so an item's fields are neighbours: each item's best score.
+        keys = [(row[0], row[1]) for row in rows]
+        starts = [0, *(i for i in range(1, len(keys)) if keys[i] != keys[i - 1])]
+        items = [keys[i] for i in starts]
+        best: list[float] = np.maximum.reduceat(scores, starts).tolist()
+        if pending is not None:
+            if items[0] == pending[0]:
+                best[0] = max(best[0], pending[1])
+            else:
                 _keep(kept, pending, want)
-            pending = (row[0], row[1], score)
+        pending = (items[-1], best[-1])  # the batch's last item may have more fields in the next
+        _keep_best(kept, items[:-1], best[:-1], want)
         if len(rows) < BATCH:
             break
     if pending is not None:
@@ -386,12 +405,26 @@ class _Inverted:
         return self.value > other.value
 
 
-def _keep(kept: list[tuple[float, _Inverted]], hit: tuple[str, str, float], want: int) -> None:
-    entry = (hit[2], _Inverted((hit[0], hit[1])))
+def _keep(kept: list[tuple[float, _Inverted]], hit: tuple[tuple[str, str], float], want: int) -> None:
+    entry = (hit[1], _Inverted(hit[0]))
     if len(kept) < want:
         heapq.heappush(kept, entry)
     elif entry > kept[0]:
         heapq.heapreplace(kept, entry)
+
+
+def _keep_best(
+    kept: list[tuple[float, _Inverted]], items: list[tuple[str, str]], scores: list[float], want: int
+) -> None:
+    """`_keep` each item that can enter the heap: none scoring below the `want`-th best of these."""
+    chosen: Iterable[int] = range(len(items))
+    if len(items) > want:
+        floor = heapq.nlargest(want, scores)[-1]
+        if len(kept) >= want:
+            floor = max(floor, kept[0][0])
+        chosen = [i for i, score in enumerate(scores) if score >= floor]
+    for i in chosen:
+        _keep(kept, (items[i], scores[i]), want)
 
 
 def _scores(vectors: NDArray[np.float32], query: NDArray[np.float32], distance: str) -> NDArray[np.float64]:
