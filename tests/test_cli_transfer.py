@@ -137,6 +137,22 @@ def _search_totals(url: str, query: str) -> list[tuple[int, int]]:
     return asyncio.run(run())
 
 
+def _analyzed(url: str) -> set[str]:
+    """The tables of a Postgres database that an `ANALYZE` (not autovacuum's) has analyzed."""
+
+    async def run() -> set[str]:
+        async with Database(url) as db, db.engine.connect() as connection:
+            found = await connection.exec_driver_sql(
+                "SELECT relname FROM pg_stat_user_tables WHERE last_analyze IS NOT NULL"
+            )
+            return set(found.scalars())
+
+    return asyncio.run(run())
+
+
+LOADED = ["agents", "embedding_models", "sessions", "messages", "archival_passages"]
+
+
 def _check_populated(rows: Dump) -> None:
     """The fixture data really has what the copy must carry (so equality means something)."""
     assert [len(rows[t.name]) for t in TABLES] == [2, 4, 2, 8, 6, 0, 0, 0, 0, 0]  # no LangGraph tables
@@ -160,6 +176,12 @@ def test_copy_moves_every_row_and_a_second_run_adds_nothing(
     out = capsys.readouterr().out
     assert "copied 8 messages" in out
     assert "verified: 22 rows in 10 tables match" in out
+    # Postgres's planner statistics of the tables the copy filled are fresh (SQLite keeps none).
+    if second == "postgres":
+        assert f"analyzed 5 tables (Postgres planner statistics): {', '.join(LOADED)}\n" in out
+        assert _analyzed(destination) == set(LOADED)
+    else:
+        assert "analyzed" not in out
     copied = dump(destination)
     assert copied == expected
     _check_populated(copied)
@@ -175,6 +197,7 @@ def test_copy_moves_every_row_and_a_second_run_adds_nothing(
     out = capsys.readouterr().out
     assert "copied 0 messages (8 already there)" in out
     assert "verified" in out
+    assert "analyzed" not in out  # nothing written, nothing to analyze
     assert dump(destination) == expected
 
 
@@ -310,7 +333,11 @@ def test_export_then_import_round_trips_every_row(
 
     assert main(["db", "upgrade", "--url", destination]) == 0
     assert main(["import", destination, str(file)]) == 0
-    assert "imported 8 messages" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "imported 8 messages" in out
+    assert ("analyzed 5 tables" in out) == (engine == "postgres")
+    if engine == "postgres":
+        assert _analyzed(destination) == set(LOADED)
     assert dump(destination) == dump(source)
     assert _search_totals(destination, "naive") == [(0, 0), (0, 0)]
     assert _search_totals(destination, "naïve") == [(1, 0), (1, 0)]

@@ -35,6 +35,11 @@ def _summary(verb: str, inserted: Mapping[str, int], skipped: Mapping[str, int])
         print(f"{verb} {inserted.get(name, 0):,} {name}{extra}")
 
 
+def _analyzed(tables: list[str]) -> None:
+    if tables:
+        print(f"analyzed {len(tables)} tables (Postgres planner statistics): {', '.join(tables)}")
+
+
 def _verdict(report: CopyReport) -> int:
     if report.problems:
         print("memorm: error: verification failed:", file=sys.stderr)
@@ -77,6 +82,7 @@ async def _copy(args: argparse.Namespace) -> int:
                 )
     if not args.verify_only:
         _summary("copied", report.inserted, report.skipped)
+        _analyzed(report.analyzed)
     return _verdict(report) if report.destination else 0
 
 
@@ -113,6 +119,7 @@ async def _import(args: argparse.Namespace) -> int:
                 db, args.file, tenant=tenant, batch_size=args.batch_size, reporter=Bars(progress)
             )
     _summary("imported", report.inserted, report.skipped)
+    _analyzed(report.analyzed)
     return 0
 
 

@@ -27,7 +27,7 @@ from memorm.transfer.rows import (
     read_batches,
 )
 from memorm.transfer.scope import check_reach, check_scope
-from memorm.transfer.target import prepare_destination
+from memorm.transfer.target import prepare_destination, refresh_statistics, written
 from memorm.transfer.verify import Digester, TableDigest, compare_digests, digest_database
 
 __all__ = ["CopyReport", "copy_database", "verify_copy"]
@@ -43,6 +43,8 @@ class CopyReport:
         skipped: rows the destination already had (by tenant and id).
         source: the source's digests; `destination` the destination's (empty unverified).
         problems: one line per table that differs; empty when the copy verified.
+        analyzed: the tables whose Postgres planner statistics the copy
+            refreshed (`ANALYZE`), those it wrote rows to and may analyze.
     """
 
     tenant: str | None = None
@@ -51,6 +53,7 @@ class CopyReport:
     source: dict[str, TableDigest] = field(default_factory=dict)
     destination: dict[str, TableDigest] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    analyzed: list[str] = field(default_factory=list)
 
 
 async def copy_database(
@@ -107,6 +110,7 @@ async def copy_database(
         result.inserted[table.name] = inserted
         result.skipped[table.name] = skipped
         result.source[table.name] = digester.digest()
+    result.analyzed = await refresh_statistics(destination, written(result.inserted), report)
     if verify:
         result.destination = await digest_database(
             destination, tenant=scope, batch_size=batch_size, reporter=report

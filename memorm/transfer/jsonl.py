@@ -56,7 +56,7 @@ from memorm.transfer.rows import (
     table_named,
 )
 from memorm.transfer.scope import Scope, check_reach, check_scope
-from memorm.transfer.target import prepare_destination
+from memorm.transfer.target import prepare_destination, refresh_statistics, written
 from memorm.types.json import dumps
 
 __all__ = ["ImportReport", "check_revision", "export_jsonl", "import_jsonl", "read_header"]
@@ -64,11 +64,16 @@ __all__ = ["ImportReport", "check_revision", "export_jsonl", "import_jsonl", "re
 
 @dataclass
 class ImportReport:
-    """What an import did: the file's header, and rows inserted and skipped (already there) by table."""
+    """What an import did: the file's header, and rows inserted and skipped (already there) by table.
+
+    `analyzed`: the tables whose Postgres planner statistics the import
+    refreshed (`ANALYZE`), those it wrote rows to and may analyze.
+    """
 
     header: dict[str, Any]
     inserted: dict[str, int] = field(default_factory=lambda: {table.name: 0 for table in TABLES})
     skipped: dict[str, int] = field(default_factory=lambda: {table.name: 0 for table in TABLES})
+    analyzed: list[str] = field(default_factory=list)
 
 
 def _open(path: Path, mode: str, *, name: Path | None = None) -> IO[str]:
@@ -340,4 +345,5 @@ async def import_jsonl(
         if len(batch) >= batch_size:
             await flush()
     await flush()
+    result.analyzed = await refresh_statistics(db, written(result.inserted), report)
     return result

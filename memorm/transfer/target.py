@@ -1,10 +1,28 @@
-"""Where `copy` and `import` write: an empty database is set up, one at another revision refused."""
+"""Where `copy` and `import` write: an empty database is set up, one at another revision refused.
+
+After the rows are in, Postgres's planner statistics are refreshed for the
+tables that received them (`refresh_statistics`).
+"""
 
 from __future__ import annotations
 
-from memorm.db import Database
+from collections.abc import Mapping, Sequence
 
-__all__ = ["prepare_destination"]
+import sqlalchemy as sa
+
+from memorm.db import Database
+from memorm.progress import Reporter
+from memorm.translate import translating
+
+__all__ = ["prepare_destination", "refresh_statistics", "written"]
+
+# The tables among those named that this role may ANALYZE (it owns them, or is a member of
+# their owner's role, or a superuser): others would be skipped with a WARNING.
+_MAY_ANALYZE = sa.text(
+    "SELECT name FROM unnest(CAST(:names AS text[])) WITH ORDINALITY AS named (name, position)"
+    " WHERE EXISTS (SELECT 1 FROM pg_class WHERE oid = to_regclass(quote_ident(name))"
+    " AND pg_has_role(relowner, 'USAGE')) ORDER BY position"
+)
 
 
 async def prepare_destination(db: Database) -> None:
@@ -23,3 +41,36 @@ async def prepare_destination(db: Database) -> None:
     if await db.current_revision() is None:
         await db.upgrade()
     await db.check_schema()
+
+
+async def refresh_statistics(db: Database, tables: Sequence[str], reporter: Reporter) -> list[str]:
+    """`ANALYZE` the memorm `tables` a copy or import wrote rows to, on Postgres; those analyzed.
+
+    A bulk load leaves the planner with the statistics of the tables before
+    it (none, for new ones) until autovacuum analyzes them, a minute or more
+    later: reads planned meanwhile may take the wrong index (a window of 50
+    messages, among 20,000 just loaded, took ten times as long before
+    `ANALYZE` as after: docs/cli.md).  Only tables this role may analyze
+    (their owner's) are: an application role under row-level security
+    copying its tenant leaves them to autovacuum.  SQLite keeps no
+    statistics unless told to (memorm never runs its `ANALYZE`): nothing to
+    refresh there.
+    """
+    if db.dialect != "postgresql" or not tables:
+        return []
+    quote = db.engine.dialect.identifier_preparer.quote
+    with translating():
+        async with db.engine.connect() as connection:
+            outside = await connection.execution_options(isolation_level="AUTOCOMMIT")
+            owned = list((await outside.execute(_MAY_ANALYZE, {"names": list(tables)})).scalars())
+            if owned:
+                reporter.start("analyze", len(owned))
+            for name in owned:  # memorm's own table names, quoted: no user text
+                await outside.exec_driver_sql(f"ANALYZE {quote(name)}")
+                reporter.advance("analyze", 1)
+    return owned
+
+
+def written(inserted: Mapping[str, int]) -> list[str]:
+    """The tables of a report's `inserted` counts that received rows."""
+    return [name for name, count in inserted.items() if count]
