@@ -341,16 +341,9 @@ class MemormSaver(BaseCheckpointSaver[str]):
         """The next page of a listing; marks the listing done after its last page."""
         size = PAGE if query.left is None else min(PAGE, query.left)
         async with db.unit_of_work(read_only=True) as uow:
-            session = None
-            if query.where is not None:
-                chat = await uow.sessions.get_by_key(self.agent_id, query.where.key)
-                if chat is None:
-                    query.done = True
-                    return []
-                session = chat.id
             found = await uow.checkpoints.list(
                 self.agent_id,
-                session,
+                session_key=None if query.where is None else query.where.key,
                 checkpoint_ns=None if query.where is None or query.ns_any else query.where.ns,
                 checkpoint_id=None if query.where is None else query.where.checkpoint_id,
                 meta=query.filter,

@@ -363,6 +363,7 @@ class CheckpointRepository(Repository):
         agent_id: uuid.UUID | str,
         session_id: uuid.UUID | str | None = None,
         *,
+        session_key: str | None = None,
         checkpoint_ns: str | None = None,
         checkpoint_id: str | None = None,
         meta: Mapping[str, Any] | None = None,
@@ -372,14 +373,17 @@ class CheckpointRepository(Repository):
     ) -> builtins.list[StoredCheckpoint]:
         """The agent's checkpoints, newest first (by `checkpoint_id`), `limit` at most.
 
-        Narrowed to a session, a namespace, one id, those whose metadata
-        holds every key of `meta`, and those before the id `before`.  `after`
-        is the last checkpoint of the previous page: the page starts after it.
+        Narrowed to a session (by id, or by its `session_key`: a LangGraph
+        thread id), a namespace, one id, those whose metadata holds every
+        key of `meta`, and those before the id `before`.  `after` is the
+        last checkpoint of the previous page: the page starts after it.
         """
         size = check_int(limit, "limit", minimum=1, maximum=MAX_PAGE)
         where = self._agent(CHECKPOINTS, agent_id)
         if session_id is not None:
             where.append(CHECKPOINTS.c.session_id == as_uuid(session_id, "session_id"))
+        if session_key is not None:
+            where.append(SESSIONS.c.key == check_name(session_key, "session_key", blank=True))
         if checkpoint_ns is not None:
             where.append(CHECKPOINTS.c.checkpoint_ns == checkpoint_ns)
         if checkpoint_id is not None:
