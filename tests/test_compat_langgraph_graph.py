@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import operator
+import re
 import uuid
 from typing import Annotated, Any
 
@@ -428,3 +429,24 @@ async def test_aget_tuple_reads_a_checkpoint_its_values_and_writes_in_one_statem
     assert again.pending_writes == found.pending_writes
     empty = await saver.aget_tuple({"configurable": {**config["configurable"], "checkpoint_id": "none"}})
     assert empty is None
+
+
+async def test_a_threads_listing_finds_its_session_by_key_in_the_listing_statement(db: Database) -> None:
+    saver = MemormSaver(db, agent=await _agent(db))
+    for thread_id, steps in (("a", 3), ("b", 2)):
+        config = thread(thread_id)
+        for step in range(1, steps + 1):
+            config = await saver.aput(config, _checkpoint(step), {"step": step}, {"count": str(step)})
+    with capture_statements(db) as sent:
+        listed = [item async for item in saver.alist(thread("a"), limit=2)]
+    assert [item.metadata["step"] for item in listed] == [3, 2]
+    assert {item.config["configurable"]["thread_id"] for item in listed} == {"a"}
+    assert not [sql for sql, _ in sent if re.search(r"\bFROM sessions\b", sql)]  # no statement of its own
+    assert [item async for item in saver.alist(thread("none"))] == []
+    async with db.unit_of_work(read_only=True) as uow:
+        by_key = await uow.checkpoints.list(saver.agent_id, session_key="b")
+        assert [stored.meta["step"] for stored in by_key] == [2, 1]
+        assert await uow.checkpoints.list(saver.agent_id, session_key="none") == []
+        with capture_statements(db) as refused, pytest.raises(ValidationError, match="session_key"):
+            await uow.checkpoints.list(saver.agent_id, session_key="bad\x00key")
+    assert refused == []
