@@ -450,3 +450,30 @@ async def test_a_threads_listing_finds_its_session_by_key_in_the_listing_stateme
         with capture_statements(db) as refused, pytest.raises(ValidationError, match="session_key"):
             await uow.checkpoints.list(saver.agent_id, session_key="bad\x00key")
     assert refused == []
+
+
+async def test_a_listing_past_one_statements_keys_gives_each_checkpoint_its_own_writes(db: Database) -> None:
+    # 70 checkpoints on a page of 100: their writes are read 32 keys a statement (the last
+    # statement's keys padded to a power of two), and each must come back to its checkpoint.
+    saver = MemormSaver(db, agent=await _agent(db))
+    config = thread("many")
+    for step in range(1, 71):
+        config = await saver.aput(
+            config, _checkpoint(step), {"step": step, "odd": step % 2}, {"count": str(step)}
+        )
+        await saver.aput_writes(config, [("count", step * 10), ("steps", [f"s{step}"])], f"task-{step}")
+    listed = [item async for item in saver.alist(thread("many"))]
+    assert [item.metadata["step"] for item in listed] == list(range(70, 0, -1))
+    for item in listed:
+        step = item.metadata["step"]
+        assert item.checkpoint["channel_values"] == {"count": step}
+        assert item.pending_writes == [
+            (f"task-{step}", "count", step * 10),
+            (f"task-{step}", "steps", [f"s{step}"]),
+        ]
+    before = {"configurable": {"thread_id": "many", "checkpoint_id": _checkpoint(41)["id"]}}
+    older = [item async for item in saver.alist(thread("many"), before=before, limit=33)]
+    assert [item.metadata["step"] for item in older] == list(range(40, 7, -1))
+    odd = [item async for item in saver.alist(thread("many"), filter={"odd": 1}, limit=3)]
+    assert [item.metadata["step"] for item in odd] == [69, 67, 65]
+    assert odd[0].pending_writes == [("task-69", "count", 690), ("task-69", "steps", ["s69"])]

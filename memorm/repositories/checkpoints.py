@@ -245,6 +245,68 @@ def _blobs_of(size: int) -> sa.Select[Any]:
     )
 
 
+@cache
+def _writes_of(size: int) -> sa.Select[Any]:
+    """The pending writes of `size` checkpoints of an agent, by key: built once per size.
+
+    Sizes are powers of two up to `_PAIRS` (the last key repeats to fill
+    one), as `_blobs_of`'s.  Rows come with their checkpoint's key, each
+    checkpoint's in order of `(task_path, task_id, idx)`.
+    """
+    table = CHECKPOINT_WRITES
+    key = (table.c.session_id, table.c.checkpoint_ns, table.c.checkpoint_id)
+    keys = [
+        sa.tuple_(
+            sa.bindparam(f"session_{i}", type_=table.c.session_id.type),
+            sa.bindparam(f"ns_{i}", type_=sa.Text),
+            sa.bindparam(f"checkpoint_{i}", type_=sa.Text),
+        )
+        for i in range(size)
+    ]
+    return (
+        sa.select(*key, table.c.task_id, table.c.channel, table.c.value_type, table.c.value)
+        .add_columns(table.c.task_path, table.c.idx)
+        .where(*_bound(table, "tenant", "agent_id"), sa.tuple_(*key).in_(keys))
+        .order_by(table.c.task_path, table.c.task_id, table.c.idx)
+    )
+
+
+_AFTER = (CHECKPOINTS.c.checkpoint_id, CHECKPOINTS.c.session_id, CHECKPOINTS.c.checkpoint_ns)
+
+
+@cache
+def _listing(
+    session: bool, key: bool, ns: bool, checkpoint: bool, before: bool, after: bool
+) -> sa.Select[Any]:
+    """`CheckpointRepository.list` without a metadata filter: built once per set of conditions.
+
+    Parameters: tenant, agent and `:limit`; `:session_id`, `:key` (the
+    session's), `:ns`, `:checkpoint_id`, `:before` and the `after_*` cursor
+    for the conditions asked for.
+    """
+    where: list[ColumnElement[bool]] = _bound(CHECKPOINTS, "tenant", "agent_id")
+    if session:
+        where += _bound(CHECKPOINTS, "session_id")
+    if key:
+        where += _bound(SESSIONS, "key")
+    if ns:
+        where += _bound(CHECKPOINTS, "checkpoint_ns")
+    if checkpoint:
+        where += _bound(CHECKPOINTS, "checkpoint_id")
+    if before:
+        where.append(CHECKPOINTS.c.checkpoint_id < sa.bindparam("before", type_=sa.Text))
+    if after:
+        cursor = [sa.bindparam(f"after_{column.name}", type_=column.type) for column in _AFTER]
+        where.append(sa.tuple_(*_AFTER) < sa.tuple_(*cursor))
+    return (
+        sa.select(*_LISTED, CHECKPOINTS.c.meta, SESSIONS.c.key)
+        .join(SESSIONS, _IN_SESSION)
+        .where(*where)
+        .order_by(*_NEWEST_FIRST)
+        .limit(sa.bindparam("limit", type_=sa.Integer))
+    )
+
+
 def _put_in_one() -> Any:
     """A checkpoint and its new channel values in one statement (Postgres; see `CheckpointRepository.put`).
 
@@ -379,35 +441,37 @@ class CheckpointRepository(Repository):
         last checkpoint of the previous page: the page starts after it.
         """
         size = check_int(limit, "limit", minimum=1, maximum=MAX_PAGE)
-        where = self._agent(CHECKPOINTS, agent_id)
+        params: dict[str, Any] = {"tenant": self._owner, "agent": as_uuid(agent_id, "agent_id")}
+        params["limit"] = size
         if session_id is not None:
-            where.append(CHECKPOINTS.c.session_id == as_uuid(session_id, "session_id"))
+            params["session_id"] = as_uuid(session_id, "session_id")
         if session_key is not None:
-            where.append(SESSIONS.c.key == check_name(session_key, "session_key", blank=True))
+            params["key"] = check_name(session_key, "session_key", blank=True)
         if checkpoint_ns is not None:
-            where.append(CHECKPOINTS.c.checkpoint_ns == checkpoint_ns)
+            params["ns"] = checkpoint_ns
         if checkpoint_id is not None:
-            where.append(CHECKPOINTS.c.checkpoint_id == checkpoint_id)
+            params["checkpoint_id"] = checkpoint_id
         if before is not None:
-            where.append(CHECKPOINTS.c.checkpoint_id < before)
-        if meta:
-            where += json_key_conditions(self.link, CHECKPOINTS.c.meta, meta, "filter")
+            params["before"] = before
         if after is not None:
-            cursor = (after.checkpoint_id, after.session_id, after.checkpoint_ns)
-            columns = (CHECKPOINTS.c.checkpoint_id, CHECKPOINTS.c.session_id, CHECKPOINTS.c.checkpoint_ns)
-            bound = [
-                sa.bindparam(None, value, type_=column.type)
-                for value, column in zip(cursor, columns, strict=True)
-            ]
-            where.append(sa.tuple_(*columns) < sa.tuple_(*bound))
-        query = (
-            sa.select(*_LISTED, CHECKPOINTS.c.meta, SESSIONS.c.key)
-            .join(SESSIONS, _IN_SESSION)
-            .where(*where)
-            .order_by(*_NEWEST_FIRST)
-            .limit(size)
+            params.update(
+                after_checkpoint_id=after.checkpoint_id,
+                after_session_id=after.session_id,
+                after_checkpoint_ns=after.checkpoint_ns,
+            )
+        query = _listing(
+            session_id is not None,
+            session_key is not None,
+            checkpoint_ns is not None,
+            checkpoint_id is not None,
+            before is not None,
+            after is not None,
         )
-        return [_stored(row) for row in await self._execute(query)]
+        if meta:  # a filter's conditions vary with its keys and values: built for this call
+            conditions = json_key_conditions(self.link, CHECKPOINTS.c.meta, meta, "filter")
+            return [_stored(row) for row in await self._execute(query.where(*conditions), params)]
+        async with guarded(self.link):
+            return [_stored(row) for row in await fetch(self.link, query, params)]
 
     async def find(
         self, agent_id: uuid.UUID | str, session_key: str, checkpoint_ns: str, checkpoint_id: str | None
@@ -505,19 +569,22 @@ class CheckpointRepository(Repository):
                 for task, channel, kind, value, path, idx in written
             ]
             return found
-        table = CHECKPOINT_WRITES
-        key = (table.c.session_id, table.c.checkpoint_ns, table.c.checkpoint_id)
-        query = (
-            sa.select(*key, table.c.task_id, table.c.channel, table.c.value_type, table.c.value)
-            .add_columns(table.c.task_path, table.c.idx)
-            .where(*self._agent(table, agent_id), sa.tuple_(*key).in_(wanted))
-            .order_by(table.c.task_path, table.c.task_id, table.c.idx)
-        )
-        rows: builtins.list[Any] = list(await self._execute(query))
-        for session, ns, checkpoint, task, channel, kind, value, path, idx in rows:
-            found[CheckpointKey(session, ns, checkpoint)].append(
-                StoredWrite(task, channel, (kind, value), path, idx)
-            )
+        params = {"tenant": self._owner, "agent": as_uuid(agent_id, "agent_id")}
+        for start in range(0, len(wanted), _PAIRS):
+            chunk = wanted[start : start + _PAIRS]
+            size = 1 << (len(chunk) - 1).bit_length()
+            for index in range(size):
+                (
+                    params[f"session_{index}"],
+                    params[f"ns_{index}"],
+                    params[f"checkpoint_{index}"],
+                ) = chunk[min(index, len(chunk) - 1)]
+            async with guarded(self.link):
+                rows = await fetch(self.link, _writes_of(size), params)
+            for session, ns, checkpoint, task, channel, kind, value, path, idx in rows:
+                found[CheckpointKey(session, ns, checkpoint)].append(
+                    StoredWrite(task, channel, (kind, value), path, idx)
+                )
         return found
 
     async def delete_session(self, agent_id: uuid.UUID | str, session_id: uuid.UUID | str) -> None:
