@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import builtins
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from functools import cache
 from typing import Any, NamedTuple
 
@@ -245,6 +245,22 @@ def _blobs_of(size: int) -> sa.Select[Any]:
     )
 
 
+def _padded(keys: Sequence[tuple[Any, ...]], names: tuple[str, ...]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """`keys` at most `_PAIRS` at a time, as `(size, values)` for `_blobs_of(size)` or `_writes_of(size)`.
+
+    `size` is a power of two (the chunk's last key repeats to fill it), and
+    `values` names each key's parts `{name}_{index}` in the order of `names`.
+    """
+    for start in range(0, len(keys), _PAIRS):
+        chunk = keys[start : start + _PAIRS]
+        size = 1 << (len(chunk) - 1).bit_length()
+        values: dict[str, Any] = {}
+        for index in range(size):
+            for name, part in zip(names, chunk[min(index, len(chunk) - 1)], strict=True):
+                values[f"{name}_{index}"] = part
+        yield size, values
+
+
 @cache
 def _writes_of(size: int) -> sa.Select[Any]:
     """The pending writes of `size` checkpoints of an agent, by key: built once per size.
@@ -441,8 +457,8 @@ class CheckpointRepository(Repository):
         last checkpoint of the previous page: the page starts after it.
         """
         size = check_int(limit, "limit", minimum=1, maximum=MAX_PAGE)
-        params: dict[str, Any] = {"tenant": self._owner, "agent": as_uuid(agent_id, "agent_id")}
-        params["limit"] = size
+        agent = as_uuid(agent_id, "agent_id")
+        params: dict[str, Any] = {"tenant": self._owner, "agent": agent, "limit": size}
         if session_id is not None:
             params["session_id"] = as_uuid(session_id, "session_id")
         if session_key is not None:
@@ -543,12 +559,8 @@ class CheckpointRepository(Repository):
         params: dict[str, Any] = {"tenant": self._owner, "agent": as_uuid(agent_id, "agent_id")}
         params.update(session_id=session_id, ns=checkpoint_ns)
         found: dict[tuple[str, str], Value] = {}
-        for start in range(0, len(pairs), _PAIRS):
-            chunk = pairs[start : start + _PAIRS]
-            size = 1 << (len(chunk) - 1).bit_length()
-            for index in range(size):
-                params[f"channel_{index}"], params[f"version_{index}"] = chunk[min(index, len(chunk) - 1)]
-            for channel, version, kind, value in await fetch(self.link, _blobs_of(size), params):
+        for size, named in _padded(pairs, ("channel", "version")):
+            for channel, version, kind, value in await fetch(self.link, _blobs_of(size), {**params, **named}):
                 found[channel, version] = (kind, value)
         return found
 
@@ -570,17 +582,9 @@ class CheckpointRepository(Repository):
             ]
             return found
         params = {"tenant": self._owner, "agent": as_uuid(agent_id, "agent_id")}
-        for start in range(0, len(wanted), _PAIRS):
-            chunk = wanted[start : start + _PAIRS]
-            size = 1 << (len(chunk) - 1).bit_length()
-            for index in range(size):
-                (
-                    params[f"session_{index}"],
-                    params[f"ns_{index}"],
-                    params[f"checkpoint_{index}"],
-                ) = chunk[min(index, len(chunk) - 1)]
+        for size, named in _padded(wanted, ("session", "ns", "checkpoint")):
             async with guarded(self.link):
-                rows = await fetch(self.link, _writes_of(size), params)
+                rows = await fetch(self.link, _writes_of(size), {**params, **named})
             for session, ns, checkpoint, task, channel, kind, value, path, idx in rows:
                 found[CheckpointKey(session, ns, checkpoint)].append(
                     StoredWrite(task, channel, (kind, value), path, idx)

@@ -84,8 +84,13 @@ _OF_ITEM = sa.and_(
 def _sized(link: Link, dims: int) -> ColumnElement[bool]:
     """A vector of `dims` dimensions (others, from another index config, are never compared)."""
     if link.sqlite:
-        return sa.func.length(_V.c.embedding) == dims * 4
+        return _sized_sqlite(dims)
     return _sized_postgres(dims)
+
+
+def _sized_sqlite(dims: int) -> ColumnElement[bool]:
+    """SQLite keeps a vector as packed float32 (`memorm.types.VectorType`): 4 bytes a dimension."""
+    return sa.func.length(_V.c.embedding) == sa.literal_column(str(int(dims) * 4))
 
 
 def _sized_postgres(dims: int) -> ColumnElement[bool]:
@@ -326,7 +331,7 @@ def _batches(
     first = (
         sa.select(_V.c.namespace, _V.c.key, _V.c.field, sa.type_coerce(_V.c.embedding, sa.LargeBinary))
         .join(_I, _OF_ITEM)
-        .where(*where, *scope, sa.func.length(_V.c.embedding) == sa.literal_column(str(int(dims) * 4)))
+        .where(*where, *scope, _sized_sqlite(dims))
         .order_by(_V.c.namespace, _V.c.key, _V.c.field)
         .limit(sa.bindparam("batch", type_=sa.Integer))
     )
