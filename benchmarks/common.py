@@ -122,13 +122,35 @@ class Store:
         It has memorm's binary ``tsvector`` codec: raw baselines write the search
         words as memorm does (COPY has no text path for them).
         """
+        connection = await asyncpg.connect(asyncpg_dsn(), server_settings=self._raw_settings())
+        await register_tsvector(connection)
+        return connection
+
+    async def raw_postgres_pool(self, size: int) -> asyncpg.Pool:
+        """An asyncpg pool of ``size`` connections, each set up as :meth:`raw_postgres` sets up one.
+
+        A released connection is not reset (asyncpg's default sends ``RESET ALL``
+        and more on every release): memorm's pool skips that round trip too,
+        its unit of work always ending its own transaction.
+        """
+
+        async def keep(connection: asyncpg.Connection) -> None:
+            pass
+
+        return await asyncpg.create_pool(
+            asyncpg_dsn(),
+            min_size=size,
+            max_size=size,
+            server_settings=self._raw_settings(),
+            init=register_tsvector,
+            reset=keep,
+        )
+
+    def _raw_settings(self) -> dict[str, str]:
         assert self.schema is not None
         # memorm.tenant: rows a raw INSERT writes without a tenant land in memorm's default
         # tenant (the column's server default reads the setting), as memorm's own do.
-        settings = {"search_path": f"{self.schema},public", "memorm.tenant": "default"}
-        connection = await asyncpg.connect(asyncpg_dsn(), server_settings=settings)
-        await register_tsvector(connection)
-        return connection
+        return {"search_path": f"{self.schema},public", "memorm.tenant": "default"}
 
 
 async def like_memorm(connection: Any) -> None:

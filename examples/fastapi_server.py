@@ -5,8 +5,9 @@ disposed at shutdown), one unit of work per request (read-only for GETs), and
 memorm's errors mapped to HTTP statuses.  Each request acts for the tenant its
 ``X-Tenant`` header names (``"default"`` without one), through
 ``db.for_tenant``: tenants may use the same agent names, and an id of another
-tenant's row is a 404 like any unknown id.  A header that is no tenant name
-(empty, or longer than 128 characters) is a 422.  In a real server the
+tenant's row is a 404 like any unknown id.  The header is read as UTF-8
+(``X-Tenant: café`` is the tenant ``café``); one that is no tenant name
+(empty, longer than 128 characters, or not UTF-8) is a 422.  In a real server the
 tenant comes from the caller's authentication, not from a header it chooses.
 Run it with::
 
@@ -60,11 +61,18 @@ app = FastAPI(title="memorm example server", lifespan=lifespan)
 def tenant_db(request: Request, x_tenant: Annotated[str, Header()] = "default") -> Database:
     """The database as the request's tenant (the ``X-Tenant`` header) sees it.
 
-    ``for_tenant`` checks the name (memorm's ``ValidationError``: a 422) and
-    costs nothing: the view shares the process's pools.
+    The header's bytes are UTF-8 (what clients send for ``café``); the ASGI
+    server hands them over decoded as latin-1, so they are decoded again,
+    and bytes that are no UTF-8 are a 422.  ``for_tenant`` checks the name
+    (memorm's ``ValidationError``: a 422) and costs nothing: the view shares
+    the process's pools.
     """
+    try:
+        tenant = x_tenant.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        raise ValidationError("tenant: the X-Tenant header is not UTF-8 text") from None
     db: Database = request.app.state.db
-    return db.for_tenant(x_tenant)
+    return db.for_tenant(tenant)
 
 
 TenantDb = Annotated[Database, Depends(tenant_db)]

@@ -14,23 +14,38 @@ the rest of memorm indifferent to both:
   loop in any thread can wait on (`asyncio.Lock` and `anyio.Lock` belong
   to one loop: a waiter from another is never woken).
 
+`Gate` lets a pool's worth of tasks of one event loop through at a time,
+strictly in arrival order, with a bounded wait (the unit of work's way to
+its connection).
+
 `Merger` runs a resource's calls a few at a time per event loop and merges
 those that queue meanwhile into one run (LangGraph's store batches so).
+
+`BLOCKED` names the threads (and so the event loops) blocked until the
+current task's work is done: memorm's sync bridge sets it.  Work that would
+wait for a task of such a loop (a `CrossLoopLock` it holds or queues for, a
+writing unit of work it has open: `memorm.engines`) raises
+`BlockedLoopError` instead of hanging for ever.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import threading
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 import anyio
 
-__all__ = ["CrossLoopLock", "Merger", "protect"]
+from memorm.errors import BlockedLoopError
+
+__all__ = ["BLOCKED", "BlockedCaller", "CrossLoopLock", "Gate", "Merger", "protect"]
 
 T = TypeVar("T")
 C = TypeVar("C")  # a call, as `Merger` takes it
@@ -73,6 +88,35 @@ async def protect(awaitable: Awaitable[T]) -> T:
     return result
 
 
+@dataclass(frozen=True)
+class BlockedCaller:
+    """A thread blocked in a sync call until a task of another loop has done the call's work.
+
+    Attributes:
+        loop: the event loop that thread runs: none of its tasks runs until the call returns.
+        call: the sync call, as error messages name it (`"MemormStore.put()"`).
+        instead: what to do instead, as error messages say it (`"Await MemormStore.aput()"`).
+    """
+
+    loop: asyncio.AbstractEventLoop
+    call: str
+    instead: str
+
+    def refuse(self, holding: str) -> BlockedLoopError:
+        """The error for work that would wait for what a task of the blocked loop is `holding`."""
+        return BlockedLoopError(
+            f"{self.call} would wait for ever: it blocks the event loop it was called on, and a task "
+            f"of that loop {holding}. {self.instead} instead, or call it from a thread that runs "
+            "no event loop"
+        )
+
+
+BLOCKED: contextvars.ContextVar[tuple[BlockedCaller, ...]] = contextvars.ContextVar(
+    "memorm_blocked", default=()
+)
+"""The callers blocked until the current task's work is done (memorm's sync bridge sets it)."""
+
+
 class CrossLoopLock:
     """A fair (FIFO) lock for tasks on any event loop, in any thread.
 
@@ -81,11 +125,18 @@ class CrossLoopLock:
     `release` completes through that loop's `call_soon_threadsafe`.
     Ownership passes straight to the next waiter, so a newcomer cannot barge
     ahead of a waiter that is being woken.  Use it as `async with lock:`.
+
+    A task that would wait behind a task of a loop in `BLOCKED` (the holder,
+    or a waiter ahead) raises `BlockedLoopError` instead, naming the lock
+    by its `name`: that loop runs nothing until the task is done.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "a memorm lock") -> None:
+        self.name = name
         self._mutex = threading.Lock()
         self._locked = False
+        # The holder's loop (or the loop of the waiter it is being handed to): see BLOCKED.
+        self._holder: asyncio.AbstractEventLoop | None = None
         self._waiters: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()
 
     def locked(self) -> bool:
@@ -96,16 +147,31 @@ class CrossLoopLock:
         """How many tasks wait for the lock."""
         return len(self._waiters)
 
-    async def acquire(self) -> None:
-        """Wait for the lock (cancellable: a cancelled waiter leaves the queue)."""
+    async def acquire(
+        self, give_up_after: float | None = None, expired: Callable[[], BaseException] | None = None
+    ) -> None:
+        """Wait for the lock (cancellable: a cancelled waiter leaves the queue).
+
+        With `give_up_after`, a waiter that waited that many seconds leaves the queue
+        raising `expired()` (a `TimeoutError` without it).
+        """
         loop = asyncio.get_running_loop()
         with self._mutex:
             if not self._locked:
                 self._locked = True
+                self._holder = loop
                 return
+            for caller in BLOCKED.get():
+                if self._holder is caller.loop or any(other is caller.loop for other, _ in self._waiters):
+                    raise caller.refuse(f"holds or waits for {self.name}, which the call needs")
             future: asyncio.Future[None] = loop.create_future()
             waiter = (loop, future)
             self._waiters.append(waiter)
+        timer = (
+            None
+            if give_up_after is None
+            else loop.call_later(give_up_after, _expire, future, expired or TimeoutError)
+        )
         try:
             await future
         except BaseException:
@@ -113,10 +179,14 @@ class CrossLoopLock:
                 queued = waiter in self._waiters
                 if queued:
                     self._waiters.remove(waiter)
-            if not queued and future.done() and not future.cancelled():
+            handed = future.done() and not future.cancelled() and future.exception() is None
+            if not queued and handed:
                 self.release()  # handed the lock as the cancellation arrived: pass it on
-            # (a handover still on its way finds the future cancelled and passes it on)
+            # (a handover still on its way finds the future done and passes it on)
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     def release(self) -> None:
         """Release the lock, handing it to the longest waiter if there is one."""
@@ -125,15 +195,17 @@ class CrossLoopLock:
                 loop, future = self._waiters.popleft()
                 try:
                     loop.call_soon_threadsafe(self._hand_over, future)
+                    self._holder = loop
                     return
                 except RuntimeError:  # that waiter's loop is closed: it will never run
                     continue
             self._locked = False
+            self._holder = None
 
     def _hand_over(self, future: asyncio.Future[None]) -> None:
         # Runs on the waiter's own loop.
-        if future.cancelled():
-            self.release()  # the waiter gave up before it could take the lock
+        if future.done():
+            self.release()  # the waiter gave up (cancelled, or its wait expired) before it could take it
         else:
             future.set_result(None)
 
@@ -147,6 +219,70 @@ class CrossLoopLock:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+
+class Gate:
+    """At most `capacity` holders at a time, admitted in arrival order (one event loop's tasks).
+
+    A pool hands a returned connection to whichever task asks next, and the
+    task that returned it asks again at once, before a waiting task wakes:
+    with more tasks than connections, a few tasks take nearly every turn
+    (Jain's fairness index 0.07 with 256 sessions on 16 connections).  Here
+    a holder that leaves hands its place straight to the longest waiter, so
+    nobody can overtake a waiter that is being woken, and a task waits at
+    most `timeout` seconds before `expired()` is raised (None: no bound).
+
+    `enter` without a wait is a counter decrement, nothing more.
+    """
+
+    __slots__ = ("_free", "_waiters", "timeout")
+
+    def __init__(self, capacity: int, timeout: float | None) -> None:
+        self._free = capacity
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self.timeout = timeout
+
+    @property
+    def waiting(self) -> int:
+        """How many tasks wait to enter."""
+        return len(self._waiters)
+
+    async def enter(self, expired: Callable[[], BaseException]) -> None:
+        """Wait for a place; raise `expired()` after `timeout` seconds (cancellable: leaves the line)."""
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(future)
+        timer = None if self.timeout is None else loop.call_later(self.timeout, _expire, future, expired)
+        try:
+            await future
+        except BaseException:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.leave()  # handed a place as the cancellation arrived: pass it on
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(future)
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def leave(self) -> None:
+        """Give the place back: to the longest waiter if there is one."""
+        waiters = self._waiters
+        while waiters:
+            future = waiters.popleft()
+            if not future.done():
+                future.set_result(None)
+                return
+        self._free += 1
+
+
+def _expire(future: asyncio.Future[Any], expired: Callable[[], BaseException]) -> None:
+    if not future.done():
+        future.set_exception(expired())
 
 
 _LEAD = object()  # what a waiting call is woken with when it is to run the next merged run
@@ -204,7 +340,9 @@ class Merger(Generic[C, R]):
         line = self._lines.get(loop)
         if line is None:
             line = self._lines[loop] = _Line()
-        if line.running < self._width:
+        # A call that blocks another loop's thread (BLOCKED) never waits in line: the runs
+        # ahead may be waiting for that loop, which waits for this call.
+        if line.running < self._width or BLOCKED.get():
             line.running += 1
             try:
                 return (await self._work([call]))[0]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from sqlalchemy.engine import URL, make_url
 
 from memorm.errors import ValidationError
 
-__all__ = ["DEFAULT_URL", "resolve_url"]
+__all__ = ["DEFAULT_URL", "POSTGRES_URL_PARAMETERS", "resolve_url", "sqlite_file"]
 
 DEFAULT_URL = "sqlite+aiosqlite:///memorm.db"
 
@@ -41,4 +42,66 @@ def resolve_url(url: str | URL | None = None) -> URL:
             f"unsupported database {parsed.drivername!r}: memorm runs on "
             "sqlite+aiosqlite:// and postgresql+asyncpg:// URLs"
         )
-    return parsed.set(drivername=driver)
+    resolved = parsed.set(drivername=driver)
+    if resolved.get_backend_name() == "postgresql":
+        _check_postgres_query(resolved)
+    return resolved
+
+
+POSTGRES_URL_PARAMETERS = (
+    "host",
+    "port",
+    "ssl",
+    "passfile",
+    "service",
+    "servicefile",
+    "target_session_attrs",
+    "krbsrvname",
+    "gsslib",
+    "prepared_statement_cache_size",
+)
+"""The parameters a Postgres URL may carry (`?ssl=require`): those asyncpg's `connect` takes as text.
+
+Others reach asyncpg as keyword arguments it does not know (`options`,
+`sslmode`, `application_name`: a `TypeError` at the first connection) or
+as text where it wants a number (`timeout`): they are refused when the URL
+is read.  Pass them in `connect_args` instead, server settings under
+`server_settings`.
+"""
+
+_SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+_NUMBERS = ("port", "prepared_statement_cache_size")
+_REPEATABLE = ("host", "port")  # several hosts: SQLAlchemy's multi-host URL
+_INSTEAD = {
+    "options": "pass server settings as Database(url, connect_args={'server_settings': {'name': 'value'}})",
+    "sslmode": "asyncpg's name for it is ssl (?ssl=require)",
+}
+
+
+def _check_postgres_query(url: URL) -> None:
+    for name, given in url.query.items():
+        values = (given,) if isinstance(given, str) else tuple(given)
+        if name not in POSTGRES_URL_PARAMETERS:
+            instead = _INSTEAD.get(
+                name, "pass it in connect_args (Database(url, connect_args={...})), or set it on the role"
+            )
+            raise ValidationError(f"the URL's {name!r} parameter is not one memorm's driver takes: {instead}")
+        if len(values) > 1 and name not in _REPEATABLE:
+            raise ValidationError(f"the URL gives {name!r} {len(values)} times: give it once")
+        for value in values:
+            if name in _NUMBERS and not (value.isascii() and value.isdigit()):
+                raise ValidationError(f"the URL's {name!r} is {value!r}: expected a whole number")
+            if name == "ssl" and value not in _SSL_MODES:
+                raise ValidationError(f"the URL's ssl is {value!r}: expected one of {', '.join(_SSL_MODES)}")
+
+
+def sqlite_file(url: URL) -> Path | None:
+    """The absolute path of the file a SQLite URL names; None for another engine.
+
+    None too for an in-memory database and a `file:` URI (which SQLite
+    opens by its own rules).
+    """
+    name = url.database
+    if url.get_backend_name() != "sqlite" or not name or name == ":memory:" or name.startswith("file:"):
+        return None
+    return Path(name).absolute()

@@ -18,7 +18,11 @@ and SQLite writers of every loop queue on one `CrossLoopLock`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
+import functools
+import sqlite3
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -29,17 +33,14 @@ from sqlalchemy.engine import URL, ExceptionContext
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import configure_mappers
 from sqlalchemy.util import await_only
+from sqlalchemy.util.concurrency import in_greenlet
 
 from memorm.concurrency import CrossLoopLock, protect
 from memorm.config import resolve_url
-from memorm.driver import interrupt
-from memorm.engines import Engines
+from memorm.engines import Engines, bridged
 from memorm.errors import DatabaseError, MemormError, SchemaError, ValidationError
 from memorm.link import LINK
-from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS
 from memorm.routing import SessionAgents
-from memorm.search.fts_ddl import FTS_INDEXES
-from memorm.search.text import merge_deleted
 from memorm.search.vector import VectorCache, connection_setup
 from memorm.tenancy import DEFAULT_TENANT, check_tenant
 from memorm.tokens import TokenCounter, estimate_tokens
@@ -48,6 +49,7 @@ from memorm.types.json import dumps, loads, loads_jsonb
 from memorm.validation import check_flag
 
 if TYPE_CHECKING:
+    from memorm.scrub import Scrubbed
     from memorm.uow import UnitOfWork
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_MS", "Database"]
@@ -64,6 +66,16 @@ class Database:
             Defaults to `MEMORM_DATABASE_URL`, else `sqlite+aiosqlite:///memorm.db`.
         token_counter: estimates `token_count` for messages stored without
             one (default [`memorm.tokens.estimate_tokens`][memorm.tokens.estimate_tokens]).
+        transaction_pooling: a pooler in transaction mode (PgBouncer's
+            `pool_mode = transaction`, Supavisor, …) sits between memorm and
+            Postgres, handing each transaction whichever server connection is
+            free.  memorm then keeps nothing on a server connection beyond a
+            statement or transaction: no prepared statements by name
+            (asyncpg's and SQLAlchemy's statement caches are off: each
+            statement is parsed in the message that runs it) and no session
+            settings (a vector search sends its own, as `SET LOCAL`s in its
+            transaction).  No effect on SQLite.  See docs/production.md for
+            what it costs.
         **engine_options: passed to SQLAlchemy's `create_async_engine`
             (`pool_size`, `max_overflow`, `connect_args`, `echo`…).
 
@@ -84,9 +96,11 @@ class Database:
         url: str | URL | None = None,
         *,
         token_counter: TokenCounter = estimate_tokens,
+        transaction_pooling: bool = False,
         **engine_options: Any,
     ) -> None:
         self.url = resolve_url(url)
+        self.transaction_pooling = check_flag(transaction_pooling, "transaction_pooling")
         self.token_counter = token_counter
         # Repositories build model instances without the ORM (models.hydrate);
         # the mappers must be configured first, or attribute access fails.
@@ -96,15 +110,24 @@ class Database:
         self._state = _Shared()
         self._dialect = self.url.get_backend_name()
         in_memory = self._dialect == "sqlite" and self.url.database in (None, "", ":memory:")
+        # memorm opens the connections, unless the options bring a connection maker of their own.
+        self._bridged = "async_creator" not in engine_options and "async_creator_fn" not in (
+            engine_options.get("connect_args") or {}
+        )
+        # The SETs each new Postgres connection runs (again after a reset: memorm.link).
+        server_settings = (engine_options.get("connect_args") or {}).get("server_settings") or {}
+        self.session_setup = connection_setup(server_settings) if self._dialect == "postgresql" else None
         # One engine (pool) per event loop that uses this database (memorm.engines).
-        self.engines = Engines(self._make_engine, single_loop=in_memory)
-        self._schema_lock = CrossLoopLock()
+        self.engines = Engines(self._make_engine, single_loop=in_memory, bridged=self._bridged)
+        self._schema_lock = CrossLoopLock("the schema check")
         # SQLite has one write lock per file.  Writers of this process queue for it
         # here, first come first served, whatever loop or thread they run on; left
         # to SQLite's busy handler they poll with sleeps of up to 100 ms and starve
         # each other (p99 1.4 s with 50 writers).  BEGIN IMMEDIATE and the busy
         # timeout still order writers across processes.
-        self.writer_lock: CrossLoopLock | None = CrossLoopLock() if self._dialect == "sqlite" else None
+        self.writer_lock: CrossLoopLock | None = (
+            CrossLoopLock("SQLite's write lock") if self._dialect == "sqlite" else None
+        )
         # SQLite's vector search reads agents' embeddings into numpy matrices once,
         # then reuses them until the agent's archive_version moves; both engines'
         # searches find agents' embedding models here (`vector_cache.models`).
@@ -123,9 +146,19 @@ class Database:
             "pool_reset_on_return": None,
         }
         options.update(self._engine_options)
-        if self._dialect == "postgresql" and "async_creator" not in options:
-            given = options.get("connect_args", {})
-            options["connect_args"] = {"async_creator_fn": _connect_postgres, **given}
+        connect_args = dict(options.get("connect_args") or {})
+        if self._dialect == "postgresql" and self.transaction_pooling:
+            # No statement outlives its transaction on a server connection: unnamed
+            # statements only (asyncpg), and none kept by SQLAlchemy's adapter.
+            connect_args.update(statement_cache_size=0, prepared_statement_cache_size=0)
+        if self._bridged:
+            if self._dialect == "postgresql":
+                creator: Any = functools.partial(_connect_postgres, settings=not self.transaction_pooling)
+            else:
+                creator = _connect_sqlite
+            connect_args["async_creator_fn"] = bridged(creator)
+        if connect_args:
+            options["connect_args"] = connect_args
         engine = create_async_engine(self.url, **options)
         _setup_common(engine)
         if self._dialect == "sqlite":
@@ -200,7 +233,10 @@ class Database:
         separate vector cache and SQLite writer queue.
         """
         clone = Database(
-            self.url, token_counter=self.token_counter, **{**self._engine_options, **engine_options}
+            self.url,
+            token_counter=self.token_counter,
+            transaction_pooling=self.transaction_pooling,
+            **{**self._engine_options, **engine_options},
         )
         clone.tenant = self.tenant
         return clone
@@ -259,7 +295,7 @@ class Database:
 
         return await delete_tenant(self, tenant, batch=batch, dry_run=dry_run)
 
-    async def scrub(self, *, reindex: bool = False) -> None:
+    async def scrub(self, *, reindex: bool = False) -> Scrubbed:
         """Clear what the database files still hold of deleted rows (after purges or `forget`).
 
         Deleted rows are gone for every query as soon as their unit of work
@@ -275,30 +311,19 @@ class Database:
         full-text indexes (`REINDEX CONCURRENTLY`: writes go on, but it
         reads the whole table) so not even the words remain.  Backups and
         archived WAL are out of its reach (docs/retention.md).
-        """
 
-        await self.check_schema()
-        if self.dialect == "sqlite":
-            async with self.unit_of_work() as uow:
-                for index in FTS_INDEXES:
-                    await merge_deleted(uow.link, index)
-            with translating():
-                async with self.engine.connect() as connection:
-                    outside = await connection.execution_options(**{READ_ONLY: True})  # no BEGIN
-                    for _ in range(_CHECKPOINT_TRIES):
-                        busy = (await outside.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")).scalar()
-                        if not busy:
-                            return
-                        await anyio.sleep(0.05)  # a reader from another process is still on the old pages
-            return
-        tables = ", ".join(table.name for table in (AGENTS, SESSIONS, MESSAGES, PASSAGES, EMBEDDING_MODELS))
-        with translating():
-            async with self.engine.connect() as connection:
-                outside = await connection.execution_options(isolation_level="AUTOCOMMIT")
-                await outside.exec_driver_sql(f"VACUUM (ANALYZE, INDEX_CLEANUP ON) {tables}")
-                if reindex:
-                    for index in FTS_INDEXES:
-                        await outside.exec_driver_sql(f"REINDEX INDEX CONCURRENTLY {index.gin_index}")
+        Only the tables' owner (or a superuser) may `VACUUM` or `REINDEX`
+        them: run as another role (the application role), the tables it
+        may not clean are skipped, named in the result's `skipped`, and a
+        [`ScrubWarning`][memorm.scrub.ScrubWarning] says so.
+
+        Returns:
+            A [`Scrubbed`][memorm.scrub.Scrubbed]: what was cleared and what
+            was skipped (`.complete` when nothing was).
+        """
+        from memorm.scrub import scrub
+
+        return await scrub(self, reindex=reindex)
 
     async def create_all(self) -> None:
         """Create the schema from the models and stamp it at head (for throwaway databases).
@@ -325,15 +350,19 @@ class Database:
         """Migrate the schema to `revision` (alembic `upgrade`)."""
         from memorm.migrate import upgrade
 
-        await upgrade(self, revision)
-        self._schema_ok = False
+        try:
+            await upgrade(self, revision)
+        finally:  # committed, perhaps, even if cancelled as it returned: checked again either way
+            self._schema_ok = False
 
     async def downgrade(self, revision: str) -> None:
         """Migrate the schema down to `revision` (alembic `downgrade`)."""
         from memorm.migrate import downgrade
 
-        await downgrade(self, revision)
-        self._schema_ok = False
+        try:
+            await downgrade(self, revision)
+        finally:
+            self._schema_ok = False
 
     async def current_revision(self) -> str | None:
         """The schema's alembic revision, or None for a database memorm never set up."""
@@ -394,13 +423,31 @@ class Database:
     def bypasses_rls(self) -> bool:
         """Whether the role connecting is exempt from row-level security (Postgres).
 
-        Known once a unit of work has run (before, False).
-
         Such a role (a superuser, or one with `BYPASSRLS`) sees every
         tenant's rows in raw SQL: use it for migrations and maintenance,
         and an application role (`memorm db create-role`) for the server.
         False on SQLite, which has no row-level security.
+
+        On Postgres memorm looks the role up with the schema check, before
+        the first unit of work: until then the answer is unknown, and
+        reading it raises rather than guess.
+
+        Example:
+            ```python
+            await db.check_schema()  # or run any unit of work first
+            if db.bypasses_rls:
+                print("this role sees every tenant's rows")
+            ```
+
+        Raises:
+            MemormError: on Postgres, before the role was looked up (no
+                unit of work has run, nor `check_schema`).
         """
+        if self.dialect == "postgresql" and not self._state.role_known:
+            raise MemormError(
+                "db.bypasses_rls: not known yet: memorm looks the role up before the first unit of "
+                "work; run one, or `await db.check_schema()`, first"
+            )
         return self._state.bypasses_rls
 
 
@@ -413,11 +460,8 @@ class _Shared:
     def __init__(self) -> None:
         self.schema_ok = False
         self.bypasses_rls = False  # Postgres: whether the role is exempt from row-level security
-        self.role_known = False  # whether bypasses_rls was looked up
+        self.role_known = False  # whether bypasses_rls was looked up (Database.bypasses_rls raises until)
         self.distributed = False  # Postgres: whether memorm's tables are sharded by agent (Citus)
-
-
-_CHECKPOINT_TRIES = 40
 
 
 def _setup_common(engine: AsyncEngine) -> None:
@@ -450,7 +494,15 @@ def _setup_common(engine: AsyncEngine) -> None:
             # autocommit (no BEGIN): each statement sees the latest commit, and WAL
             # lets them run beside the writer.  Straight to aiosqlite: one thread
             # hop instead of SQLAlchemy's three.
-            await_only(connection.connection.driver_connection.execute_fetchall("BEGIN IMMEDIATE"))
+            try:
+                await_only(connection.connection.driver_connection.execute_fetchall("BEGIN IMMEDIATE"))
+            except BaseException as error:
+                # Cancelled, the BEGIN still runs in aiosqlite's thread, but SQLAlchemy
+                # takes a failed begin event for no transaction, and would pool the
+                # connection inside it, holding the write lock: dropped instead.
+                if not isinstance(error, Exception):
+                    connection.invalidate()
+                raise
 
 
 def _setup_sqlite(engine: AsyncEngine) -> None:
@@ -471,23 +523,157 @@ def _setup_sqlite(engine: AsyncEngine) -> None:
     def _on_error(context: ExceptionContext) -> None:
         # A cancelled statement keeps running in aiosqlite's thread, and
         # SQLAlchemy's clean-up (closing its cursor) would queue behind it and
-        # wait for its end, seconds later for a long one: stop it now.
+        # wait for its end, seconds later for a long one: stop it now.  Without
+        # an await (this runs inside the cancelled scope) and without raising:
+        # an error raised here would replace the cancellation.  A connection
+        # SQLAlchemy drops instead is stopped as it closes (`_close_sqlite`).
         connection = context.connection
-        if not isinstance(context.original_exception, Exception) and connection is not None:
-            await_only(interrupt(connection.connection.driver_connection))
+        if (
+            not isinstance(context.original_exception, Exception)
+            and not context.is_disconnect
+            and connection is not None
+            and not (connection.closed or connection.invalidated)
+        ):
+            _interrupt_sqlite(connection.connection.driver_connection)
+
+    # Connections are closed whole, whatever cancellation arrives.  SQLAlchemy drops
+    # one (invalidated, or cut short in its connect events) with a graceful close it
+    # shields and, when that wait is cancelled (an anyio scope cancels every await
+    # in it), aiosqlite's `stop()` beside it.  The two race: the loser forgets the
+    # connection before it is closed (the file stays locked until the garbage
+    # collector finds it) or waits for ever ("Task was destroyed but it is
+    # pending!").  And a plain close cut short (`dispose()` in a cancelled scope)
+    # is logged as an error and leaves the pool's other connections open.
+    @event.listens_for(engine.sync_engine, "close")
+    def _on_close(dbapi_connection: Any, _record: Any) -> None:
+        # Ahead of SQLAlchemy's own close or terminate, which then find it closed.
+        if in_greenlet():
+            await_only(protect(_close_sqlite(dbapi_connection.driver_connection)))
+
+    dialect = engine.sync_engine.dialect
+    terminate = dialect.do_terminate
+
+    def _terminate(dbapi_connection: Any) -> None:
+        # The connect events' failure closes without a close event.  Outside the
+        # greenlet bridge (the garbage collector's clean-up) nothing can be
+        # awaited, and nothing else is closing the connection: aiosqlite's `stop()`.
+        if in_greenlet():
+            await_only(protect(_close_sqlite(dbapi_connection.driver_connection)))
+        else:
+            terminate(dbapi_connection)
+
+    dialect.do_terminate = _terminate  # type: ignore[method-assign]
 
 
-async def _connect_postgres(*args: Any, **kwargs: Any) -> Any:
+def _interrupt_sqlite(driver: Any) -> None:
+    """Stop the statement an aiosqlite connection runs, from the event loop's thread, without awaiting."""
+    connection = getattr(driver, "_connection", None)  # the sqlite3 connection; None once closed
+    if connection is not None:
+        # sqlite3_interrupt is safe from any thread; a connection closing meanwhile refuses it.
+        with contextlib.suppress(sqlite3.ProgrammingError):
+            connection.interrupt()
+
+
+async def _close_sqlite(driver: Any) -> None:
+    """Roll back and close an aiosqlite connection, interrupting a statement that keeps it busy.
+
+    A statement still running holds up what is queued behind it: it is
+    interrupted only if the ROLLBACK or the close is not through at once.
+    Not before: an interrupt that finds nothing running stays pending while
+    an unfinished statement (one whose fetch a cancellation cut short)
+    lives, and stops the ROLLBACK.
+    """
+    raw = getattr(driver, "_connection", None)  # the sqlite3 connection; None once closed
+    if raw is not None and raw.in_transaction:
+        # Ended before the close: SQLite keeps a connection closed under an
+        # unfinished statement open, with its transaction and the write lock,
+        # until the garbage collector finalizes that statement.
+        with anyio.move_on_after(_SQLITE_STATEMENT_GRACE) as waiting, contextlib.suppress(sqlite3.Error):
+            await driver.rollback()
+        if waiting.cancelled_caught:  # the ROLLBACK still runs, once the statement stops
+            _interrupt_sqlite(driver)
+    closing = asyncio.ensure_future(driver.close())
+    with anyio.move_on_after(_SQLITE_STATEMENT_GRACE):
+        await asyncio.shield(closing)
+    if not closing.done() and raw is not None:
+        with contextlib.suppress(sqlite3.ProgrammingError):  # closed meanwhile
+            raw.interrupt()
+    with contextlib.suppress(ValueError):  # aiosqlite's word for "closed already"
+        await closing
+
+
+_SQLITE_STATEMENT_GRACE = 0.05  # seconds a closing connection's statement may take before it is interrupted
+
+
+def _connect_sqlite(*args: Any, **kwargs: Any) -> Any:
+    """A new aiosqlite connection (to await), as SQLAlchemy's dialect makes one."""
+    import aiosqlite
+
+    connection = aiosqlite.connect(*args, **kwargs)
+    # Its thread must not keep the interpreter alive at exit (as SQLAlchemy's dialect does).
+    connection._thread.daemon = True
+    return _open_sqlite(connection)
+
+
+async def _open_sqlite(connection: Any) -> Any:
+    """`connection` (an aiosqlite connection not yet awaited), opened whole whatever cancellation arrives.
+
+    Cut short, aiosqlite drops the sqlite3 connection its thread is opening
+    without closing it (the garbage collector does, and from Python 3.13
+    warns "unclosed database").  Cancelled meanwhile, the caller gets the
+    cancellation, and the connection made for nobody is closed.
+    """
+    try:
+        return await protect(_awaited(connection))
+    except BaseException:
+        if getattr(connection, "_connection", None) is not None:
+            await protect(connection.close())
+        raise
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+async def _connect_postgres(*args: Any, settings: bool = True, **kwargs: Any) -> Any:
     """A new asyncpg connection with memorm's codecs, made whole whatever cancellation arrives.
+
+    `settings`: run memorm's `SET`s on it (not behind a transaction pooler,
+    where they would stay on one server connection of the pooler's).
 
     Cut short, asyncpg abandons its handshake with a future nobody retrieves
     ("unexpected connection_lost()"), and a connection without its codecs
-    would misread vectors.
+    would misread vectors.  Cancelled meanwhile, the caller gets the
+    cancellation, and the connection made for nobody is closed (not left to
+    the garbage collector: "unclosed connection").
     """
-    return await protect(_open_postgres(*args, **kwargs))
+    made: list[Any] = []
+
+    async def open_and_keep() -> Any:
+        connection = await _open_postgres(*args, settings=settings, **kwargs)
+        made.append(connection)
+        return connection
+
+    try:
+        return await protect(open_and_keep())
+    except BaseException:
+        for connection in made:
+            await protect(_close_postgres(connection))
+        raise
 
 
-async def _open_postgres(*args: Any, **kwargs: Any) -> Any:
+async def _close_postgres(connection: Any) -> None:
+    """Close an asyncpg connection politely, or at once if the server does not answer."""
+    try:
+        await connection.close(timeout=_CLOSE_TIMEOUT)
+    except Exception:
+        connection.terminate()
+
+
+_CLOSE_TIMEOUT = 5.0  # seconds
+
+
+async def _open_postgres(*args: Any, settings: bool, **kwargs: Any) -> Any:
     import asyncpg
 
     from memorm.types.search_words import register_tsvector
@@ -496,7 +682,7 @@ async def _open_postgres(*args: Any, **kwargs: Any) -> Any:
     try:
         # The HNSW settings a search needs, once per connection (the caller's
         # server_settings win); in one message with nothing to parse back.
-        setup = connection_setup(kwargs.get("server_settings") or {})
+        setup = connection_setup(kwargs.get("server_settings") or {}) if settings else None
         if setup is not None:
             await connection.execute(setup)
         await _register_pgvector(connection)

@@ -287,7 +287,10 @@ async def fetch(link: Link, statement: Any, params: dict[str, Any]) -> list[tupl
             await link.ready()
         if WATCHERS:
             sent(link, sql, values)
-        rows = await link.driver.fetch(sql, *values)
+        if link.fresh and link.read_only:  # a read first: again on a fresh connection if this one died
+            rows = await link.first_trip(lambda: link.driver.fetch(sql, *values))
+        else:
+            rows = await link.driver.fetch(sql, *values)
     if not any(results):
         return [tuple(row) for row in rows]
     return _decode(rows, results)

@@ -30,13 +30,36 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import QueuePool
+from sqlalchemy.util.concurrency import in_greenlet
 
-from memorm.concurrency import protect
+from memorm.concurrency import BLOCKED, Gate, protect
 from memorm.errors import ValidationError
 
-__all__ = ["Engines", "LoopEngine"]
+__all__ = ["Engines", "LoopEngine", "NeedsBridge", "bridged", "is_closed"]
 
 _OTHER_LOOP_TIMEOUT = 10.0  # seconds dispose() waits for another running loop to close its pool
+
+
+class NeedsBridge(Exception):
+    """A connection was to be opened outside SQLAlchemy's greenlet bridge.
+
+    memorm's connection makers (`bridged`) raise it before they start any IO,
+    so a check-out tried without the bridge (a connection waiting in the
+    pool is taken so, in microseconds) fails cleanly when the connection it
+    took must reconnect instead: nothing was opened, nothing is left
+    unawaited, and the check-out is made again through the bridge.
+    """
+
+
+def bridged(creator: Callable[..., Any]) -> Callable[..., Any]:
+    """`creator` (an `async_creator_fn`), refusing with `NeedsBridge` to run outside the greenlet bridge."""
+
+    def create(*args: Any, **kwargs: Any) -> Any:
+        if not in_greenlet():
+            raise NeedsBridge
+        return creator(*args, **kwargs)
+
+    return create
 
 
 @dataclass(eq=False)
@@ -44,13 +67,18 @@ class LoopEngine:
     """An engine, and what memorm tracks of it while one event loop uses it."""
 
     engine: AsyncEngine
+    # Whether its connections are made by a `bridged` creator (not a user's own).
+    bridged: bool = False
     loop: asyncio.AbstractEventLoop | None = None
     watcher: AsyncGenerator[None, None] | None = None
     # Driver connections it opened, to close by force if its loop dies unseen.
     drivers: list[Any] = field(default_factory=list)
-    # Pooled connections that were invalidated and reconnect at their next check-out.
-    stale: int = 0
     variants: dict[Any, AsyncEngine] = field(default_factory=dict)
+    # Units of work wait here for their turn at the pool, in arrival order (made per loop).
+    gate: Gate | None = None
+    # Writing units of work of its loop open, or queued for SQLite's write lock: what a
+    # sync call that blocks this loop must not wait for (`open_writer`).
+    writers: int = 0
 
     def with_options(self, key: Any, options: dict[str, Any]) -> AsyncEngine:
         """This engine with execution `options` (made once per `key`; it shares the pool)."""
@@ -59,29 +87,39 @@ class LoopEngine:
             found = self.variants[key] = self.engine.execution_options(**options)
         return found
 
-    def checkout_may_connect(self) -> bool:
-        """Whether a check-out may open a connection (network or thread IO), not just hand one over.
+    def checks_out_without_io(self) -> bool:
+        """Whether a check-out may be tried without the greenlet bridge.
 
-        A check-out that opens a connection must not be cut short by a
-        cancellation (asyncpg would abandon its handshake; SQLAlchemy would
-        drop the half-made connection unclosed), so callers protect it.  One
-        that only waits for a connection to come back must stay cancellable.
+        Only when a connection waits in the pool (taking one is then a
+        queue pop), and its check-out does no IO of its own (no pre-ping, no
+        recycling age); a connection that must reconnect first makes the
+        attempt fail with `NeedsBridge`, and the caller goes through the bridge.
         """
         pool = self.engine.sync_engine.pool
-        if not isinstance(pool, QueuePool):
-            return True
-        if self.stale or pool._pre_ping or pool._recycle >= 0:
-            return True
-        if pool.checkedin():
-            return False
-        return pool._max_overflow < 0 or pool.overflow() < pool._max_overflow
+        return (
+            self.bridged
+            and isinstance(pool, QueuePool)
+            and not pool._pre_ping
+            and pool._recycle < 0
+            and pool.checkedin() > 0
+        )
+
+    def _adopt(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Serve `loop`: a gate of the pool's capacity and timeout, on that loop."""
+        self.loop = loop
+        pool = self.engine.sync_engine.pool
+        if isinstance(pool, QueuePool) and pool._max_overflow >= 0:
+            self.gate = Gate(pool.size() + pool._max_overflow, pool.timeout())
 
 
 class Engines:
     """The engines of one `Database`, one per event loop, made by `make`."""
 
-    def __init__(self, make: Callable[[], AsyncEngine], *, single_loop: bool = False) -> None:
+    def __init__(
+        self, make: Callable[[], AsyncEngine], *, single_loop: bool = False, bridged: bool = False
+    ) -> None:
         self._make = make
+        self._bridged = bridged
         # An in-memory SQLite database is one connection: another loop's engine
         # would open a second, empty database, so only one loop may use it.
         self._single_loop = single_loop
@@ -112,12 +150,33 @@ class Engines:
                         "use a database file to share it with other loops and threads"
                     )
                 found = self._free.pop() if self._free else self._new()
-                found.loop = loop
+                found._adopt(loop)
                 self._by_loop[loop] = found
         if found.watcher is None:
             found.watcher = self._watch(found)
             _start(found.watcher)
         return found
+
+    def open_writer(self) -> LoopEngine:
+        """The running loop's engine, counting one more writing unit of work open on it.
+
+        The unit of work takes one off `writers` as it closes.  A loop
+        blocked until this task's work is done (`memorm.concurrency.BLOCKED`:
+        a sync call made on its thread) runs none of its tasks meanwhile: if
+        it has a writing unit of work open, that one holds SQLite's write
+        lock, or on Postgres maybe the very rows this one would write, and
+        cannot let go.  So this raises `BlockedLoopError` instead.
+        """
+        for caller in BLOCKED.get():
+            blocked = self._by_loop.get(caller.loop)
+            if blocked is not None and blocked.writers > 0:
+                raise caller.refuse(
+                    "has a writing unit of work of this database open, whose rows (on SQLite, "
+                    "whose write lock) the call would wait for"
+                )
+        state = self.current()
+        state.writers += 1
+        return state
 
     async def dispose_current(self) -> None:
         """Close the running loop's connections (a later call on this loop opens new ones)."""
@@ -143,22 +202,14 @@ class Engines:
         await self.dispose_current()
 
     def _new(self) -> LoopEngine:
-        state = LoopEngine(self._make())
+        state = LoopEngine(self._make(), bridged=self._bridged)
         pool = state.engine.sync_engine.pool  # dispose() replaces it; listeners carry over
 
         @event.listens_for(pool, "connect")
         def _opened(dbapi_connection: Any, _record: Any) -> None:
-            state.stale = max(0, state.stale - 1)
             state.drivers.append(dbapi_connection.driver_connection)
             if len(state.drivers) > 64:  # keep only those still open
-                state.drivers[:] = [d for d in state.drivers if not _is_closed(d)]
-
-        @event.listens_for(pool, "invalidate")
-        def _invalidated(_dbapi_connection: Any, _record: Any, _exception: Any) -> None:
-            # One connection, or (after a disconnect) every connection of its
-            # generation, reconnects at its next check-out.
-            now = state.engine.sync_engine.pool
-            state.stale = max(1, now.checkedin() + now.checkedout()) if isinstance(now, QueuePool) else 1
+                state.drivers[:] = [d for d in state.drivers if not is_closed(d)]
 
         return state
 
@@ -179,7 +230,7 @@ class Engines:
             with contextlib.suppress(RuntimeError):  # we are that watcher's finally block
                 await watcher.aclose()
         await protect(state.engine.dispose())
-        state.loop, state.stale = None, 0
+        state.loop, state.gate = None, None
         state.drivers.clear()
         with self._mutex:
             self._free.append(state)
@@ -191,7 +242,7 @@ class Engines:
                 del self._by_loop[state.loop]
         stopping: list[asyncio.Future[Any]] = []
         for driver in state.drivers:
-            if _is_closed(driver):
+            if is_closed(driver):
                 continue
             with contextlib.suppress(Exception):
                 if hasattr(driver, "terminate"):  # asyncpg
@@ -214,7 +265,8 @@ def _start(watcher: AsyncGenerator[None, None]) -> None:
         step.send(None)
 
 
-def _is_closed(driver: Any) -> bool:
+def is_closed(driver: Any) -> bool:
+    """Whether a driver connection is closed (by us, or by the server or network: asyncpg notices at once)."""
     if hasattr(driver, "is_closed"):  # asyncpg
         return bool(driver.is_closed())
     return getattr(driver, "_connection", True) is None  # aiosqlite

@@ -11,6 +11,7 @@ deletes into its children.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -22,9 +23,12 @@ from alembic.migration import MigrationContext
 from alembic.runtime.environment import EnvironmentContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection
 
+from memorm.concurrency import protect
 from memorm.models import metadata
 from memorm.search.fts_ddl import is_fts_object
+from memorm.translate import MANAGED
 
 if TYPE_CHECKING:
     from memorm.db import Database
@@ -79,24 +83,61 @@ async def run_sync_on(db: Database, fn: Callable[[Connection], T]) -> T:
     The pool is disposed afterwards so that every new connection sees the new
     schema (and on Postgres registers pgvector's codec, which a migration may
     just have installed).
+
+    Cancelled or failed anywhere, the migration rolls back and its connection
+    is closed for good rather than pooled: a half-run statement, or SQLite's
+    foreign keys still off, must not reach a unit of work.  The connection is
+    opened and dropped under `protect`, so no cancellation cuts either short
+    (the file would stay locked, or the connection unclosed), and the caller
+    gets the cancellation itself.
     """
     sqlite = db.dialect == "sqlite"
-    async with db.engine.connect() as connection:
-        if sqlite:
-            raw = await connection.get_raw_connection()
-            await raw.driver_connection.execute("PRAGMA foreign_keys = OFF")  # type: ignore[union-attr]
-        try:
-            async with connection.begin():
-                result = await connection.run_sync(fn)
-                if sqlite:
-                    broken = await connection.exec_driver_sql("PRAGMA foreign_key_check")
-                    if broken.first() is not None:
-                        raise RuntimeError("migration left rows whose foreign keys point nowhere")
-        finally:
-            if sqlite:
-                await raw.driver_connection.execute("PRAGMA foreign_keys = ON")  # type: ignore[union-attr]
-    await db.engine.dispose()
+    # MANAGED: SQLAlchemy leaves a connection whose statement was cancelled to
+    # `_drop`, instead of closing it at once inside the cancelled task.
+    connection = db.engine.execution_options(**{MANAGED: True}).connect()
+    try:
+        await protect(connection.start())
+        result = await _migrate(connection, fn, sqlite=sqlite)
+    except BaseException:
+        await protect(_drop(connection))
+        raise
+    # Committed: the pool is reset even if the caller is cancelled meanwhile.
+    await protect(_close_and_dispose(db, connection))
     return result
+
+
+async def _migrate(connection: AsyncConnection, fn: Callable[[Connection], T], *, sqlite: bool) -> T:
+    if sqlite:
+        # Straight to the driver: SQLAlchemy would BEGIN first, and inside a
+        # transaction SQLite ignores the pragma.
+        raw = await connection.get_raw_connection()
+        await raw.driver_connection.execute("PRAGMA foreign_keys = OFF")  # type: ignore[union-attr]
+    transaction = await connection.begin()
+    result = await connection.run_sync(fn)
+    if sqlite:
+        broken = await connection.exec_driver_sql("PRAGMA foreign_key_check")
+        if broken.first() is not None:
+            raise RuntimeError("migration left rows whose foreign keys point nowhere")
+    await transaction.commit()
+    if sqlite:
+        await raw.driver_connection.execute("PRAGMA foreign_keys = ON")  # type: ignore[union-attr]
+    return result
+
+
+async def _drop(connection: AsyncConnection) -> None:
+    """Close a failed migration's connection for good (closing rolls its transaction back)."""
+    if connection.sync_connection is None:  # never opened
+        return
+    # Best effort: the failure (or cancellation) being raised is what the caller must see.
+    with contextlib.suppress(Exception):
+        await connection.invalidate()
+    with contextlib.suppress(Exception):
+        await connection.close()
+
+
+async def _close_and_dispose(db: Database, connection: AsyncConnection) -> None:
+    await connection.close()
+    await db.engine.dispose()
 
 
 async def upgrade(db: Database, revision: str = "head") -> None:
@@ -137,7 +178,8 @@ async def check_drift(db: Database) -> list[str]:
     Alembic's autogenerate compares the models with the database
     (`compare_type=True`), ignoring the full-text objects, tables of other
     applications and the HNSW indexes built at run time
-    (`memorm.drift.include_name`).
+    (`memorm.drift.include_name`), and on a distributed database the unique
+    indexes its tables cannot hold (`memorm.distribute.unshardable_indexes`).
 
     Raises:
         SchemaError: the schema is not at the head revision (the message names
@@ -153,6 +195,7 @@ async def check_drift(db: Database) -> list[str]:
     """
     from alembic.autogenerate import compare_metadata
 
+    from memorm.distribute import DISTRIBUTION, is_distributed, unshardable_indexes
     from memorm.drift import describe_all
     from memorm.drift import include_name as drift_filter
     from memorm.errors import SchemaError
@@ -162,9 +205,19 @@ async def check_drift(db: Database) -> list[str]:
     if current != head:
         where = "has no memorm schema" if current is None else f"is at revision {current}"
         raise SchemaError(f"the database {where}, not {head}: run `memorm db upgrade`")
+    dropped: set[str] = set()
+    if await is_distributed(db):
+        dropped.update(name for table, column in DISTRIBUTION for name in unshardable_indexes(table, column))
+
+    def included(name: str | None, type_: str, parent_names: Any) -> bool:
+        return drift_filter(name, type_, parent_names) and not (type_ == "index" and name in dropped)
+
+    def in_model(item: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+        # include_name sees what the database has; a model's index it lacks comes here.
+        return not (type_ == "index" and name in dropped)
 
     def compare(connection: Connection) -> list[str]:
-        options = {"compare_type": True, "include_name": drift_filter}
+        options = {"compare_type": True, "include_name": included, "include_object": in_model}
         return describe_all(compare_metadata(MigrationContext.configure(connection, opts=options), metadata))
 
     async with db.engine.execution_options(**{READ_ONLY: True}).connect() as connection:

@@ -22,6 +22,7 @@ from memorm.errors import (
     DatabaseError,
     MemormError,
     NotFoundError,
+    PoolTimeoutError,
     SchemaError,
     ValidationError,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "check_writable",
     "failure",
     "guarded",
+    "lost",
     "transient",
     "translate",
     "translating",
@@ -98,8 +100,39 @@ def _sqlstate(error: BaseException) -> str | None:
 
 
 def _is_driver_error(error: BaseException) -> bool:
-    """Raised by sqlite3/aiosqlite or asyncpg themselves (the bulk path talks to them directly)."""
-    return isinstance(error, sqlite3.Error) or type(error).__module__.startswith("asyncpg")
+    """Raised by sqlite3/aiosqlite or asyncpg themselves (the bulk path talks to them directly).
+
+    Or by SQLAlchemy's adaptation of an async driver to the DBAPI (a check-out
+    that opens a connection raises its errors unwrapped), whose cause is the driver's.
+    """
+    if isinstance(error, sqlite3.Error) or type(error).__module__.startswith("asyncpg"):
+        return True
+    cause = error.__cause__
+    return type(error).__module__.startswith(_ADAPTERS) and cause is not None and _is_driver_error(cause)
+
+
+_ADAPTERS = ("sqlalchemy.dialects", "sqlalchemy.connectors")  # where SQLAlchemy's adapted DBAPIs live
+
+
+# asyncpg's words for a connection that is gone: closed before the call, or during it, or
+# killed amid a statement's prepare (its protocol then refuses the bind that follows).
+_LOST = (
+    "connection is closed",
+    "connection was closed in the middle of operation",
+    "another operation (2) is in progress",
+)
+
+
+def lost(error: BaseException) -> bool:
+    """Whether the driver error says the connection is gone (a restart, a killed backend, the network)."""
+    for candidate in (error, error.__cause__):
+        if candidate is None:
+            continue
+        if type(candidate).__name__ == "ConnectionDoesNotExistError":
+            return True
+        if type(candidate).__module__.startswith("asyncpg") and any(w in str(candidate) for w in _LOST):
+            return True
+    return False
 
 
 def translate(error: BaseException) -> MemormError | None:
@@ -109,7 +142,7 @@ def translate(error: BaseException) -> MemormError | None:
     if isinstance(error, sa_exc.StatementError) and isinstance(error.orig, MemormError):
         return error.orig  # raised by one of our own bind processors
     if isinstance(error, sa_exc.TimeoutError):
-        return DatabaseError("no database connection became free in time (pool timeout)")
+        return PoolTimeoutError("no database connection became free within pool_timeout")
     if isinstance(error, sa_exc.DBAPIError):
         orig: BaseException | None = error.orig
         invalidated = error.connection_invalidated
@@ -122,6 +155,8 @@ def translate(error: BaseException) -> MemormError | None:
     else:
         return None
     detail = str(orig).strip().splitlines()[0] if orig is not None else ""
+    if orig is not None and lost(orig):
+        return DatabaseError(f"the connection to the database was lost: {detail}")
     code = _relayed(_sqlstate(orig), detail) if orig is not None else None
     if orig is not None and (code == "23505" or detail.startswith("UNIQUE constraint failed")):
         return ConflictError(conflict_message(unique_key_of(orig)))  # the same words on both engines

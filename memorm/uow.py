@@ -17,6 +17,12 @@ work that was cancelled, or whose statement was interrupted, drops its
 connection instead of returning it to the pool: nobody can vouch for what a
 half-run statement left behind, and a new connection costs less than a
 poisoned one.
+
+Units of work of one event loop take their turns at the connection pool in
+arrival order (`memorm.concurrency.Gate`), and one that waits longer than
+the pool's `pool_timeout` raises `PoolTimeoutError`.  A connection found
+dead at check-out is dropped and another taken (`memorm.link` says what
+happens to one that dies later).
 """
 
 from __future__ import annotations
@@ -29,12 +35,13 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 import anyio
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
-from sqlalchemy.pool import PoolProxiedConnection, QueuePool
+from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.util import greenlet_spawn
 
-from memorm.concurrency import CrossLoopLock, protect
+from memorm.concurrency import CrossLoopLock, Gate, protect
 from memorm.driver import in_transaction, interrupt
-from memorm.errors import DatabaseError, MemormError, ValidationError
+from memorm.engines import LoopEngine, NeedsBridge, is_closed
+from memorm.errors import DatabaseError, MemormError, PoolTimeoutError, ValidationError
 from memorm.link import Link
 from memorm.repositories import (
     AgentRepository,
@@ -128,6 +135,8 @@ class UnitOfWork:
         self.one_statement = one_statement
         self._open = False
         self._writer: CrossLoopLock | None = None
+        self._writing: LoopEngine | None = None  # counted in its `writers` while open
+        self._gate: Gate | None = None  # passed: this unit of work has its turn at the pool
         self._pooled: PoolProxiedConnection | None = None  # checked out, not yet in a link
         self._link: Link | None = None
         self._interrupted = False
@@ -143,18 +152,32 @@ class UnitOfWork:
     def session(self) -> AsyncSession:
         """The SQLAlchemy `AsyncSession` on this unit of work's connection and transaction.
 
-        Made on first use: memorm's own calls do not need one.
+        Made on first use: memorm's own calls do not need one.  What your
+        statements leave on the connection's session (temporary tables,
+        `SET`s) is undone before the connection serves another unit of work.
         """
-        return self.link.session
+        link = self.link
+        link.touch()
+        return link.session
 
     async def __aenter__(self) -> UnitOfWork:
         if self._open:
             raise RuntimeError("this unit of work is already open; make a new one per task")
         await self.db.check_schema()
         self._interrupted = False
+        if not self.read_only:
+            # Counted from here (queued for the write lock too), so a sync call blocking
+            # this loop raises instead of waiting for this unit of work (`memorm.engines`).
+            self._writing = self.db.engines.open_writer()
         writer = None if self.read_only else self.db.writer_lock
         if writer is not None:
-            await writer.acquire()  # cancellable: a cancelled waiter just leaves the queue
+            try:
+                # Cancellable (a cancelled waiter just leaves the queue), and bounded as the pool is.
+                gate = self._writing.gate if self._writing is not None else None
+                await writer.acquire(None if gate is None else gate.timeout, _write_lock_timeout)
+            except BaseException:
+                self._release_writer()
+                raise
         self._writer = writer
         try:
             await self._begin()
@@ -199,13 +222,15 @@ class UnitOfWork:
             raise
         if self._interrupted or in_transaction(link.driver):
             await protect(self._finish())
+        elif link.touched or is_closed(link.driver):
+            await protect(self._close_clean())  # dropped (the greenlet bridge, IO): never cut in half
         else:
             await self._close_clean()
 
     async def _begin(self) -> None:
         """Check out a connection and set up the repositories (the first statement begins)."""
         db = self.db
-        state = db.engines.current()
+        state = self._writing or db.engines.current()  # a writer's was found as it was counted
         postgres = db.dialect == "postgresql"
         # On Postgres, under row-level security, every transaction first sets the
         # tenant it may see (transaction-local: it ends with the transaction).
@@ -223,11 +248,12 @@ class UnitOfWork:
             # the tenant setting needs a transaction to live in.
             options[READ_ONLY] = True
         engine = state.with_options(self.read_only, options)
+        gate = state.gate
+        if gate is not None:
+            await gate.enter(_pool_timeout)  # cancellable: a cancelled waiter just leaves the line
+            self._gate = gate
         with translating():
-            if state.checkout_may_connect():
-                await protect(self._checkout(engine, connect=True))
-            else:  # a pooled connection is handed over, or awaited: no IO to protect
-                await self._checkout(engine, connect=False)
+            await self._checkout(state, engine)
         pooled = self._pooled
         assert pooled is not None
         info: dict[Any, Any] = {
@@ -246,25 +272,66 @@ class UnitOfWork:
             tenant_setting=tenant_setting,
             distributed=db.distributed,
             one_statement=self.one_statement,
+            replace=None if db.dialect == "sqlite" else lambda: self._replace(state, engine),
+            setup=db.session_setup,
+            pooler=db.transaction_pooling,
         )
         for name in _REPOSITORIES:  # made anew on first use, on this link
             self.__dict__.pop(name, None)
 
-    async def _checkout(self, engine: AsyncEngine, *, connect: bool) -> None:
-        # Kept on self at once: a cancellation raised after a protected check-out
-        # must still find the connection to return.  A connection waiting in
-        # the pool is taken without IO, so without the greenlet bridge.
+    async def _checkout(self, state: LoopEngine, engine: AsyncEngine) -> None:
+        """Check out a live connection into `self._pooled`, dropping those that died in the pool.
+
+        A connection waiting in the pool is taken without IO, so without the
+        greenlet bridge; one that must be opened (or reopened) is opened
+        through the bridge, protected from cancellation (asyncpg would
+        abandon its handshake, SQLAlchemy the half-made connection).  A
+        connection the server or the network closed while it waited (a
+        restart, an idle timeout) is seen closed as it is taken: closed for
+        good, and the next one taken, at no cost to the caller.
+        """
         pool = engine.sync_engine.pool
-        if not connect and isinstance(pool, QueuePool) and pool.checkedin():
-            self._pooled = pool.connect()
-        else:
-            self._pooled = await greenlet_spawn(pool.connect)
+        for _ in range(_DEAD_IN_A_ROW):
+            pooled = None
+            if state.checks_out_without_io():
+                try:
+                    pooled = pool.connect()
+                except NeedsBridge:  # it must reconnect: through the bridge, below
+                    pooled = None
+            if pooled is None:
+                await protect(self._connect(pool))
+            else:
+                self._pooled = pooled
+            taken = self._pooled
+            assert taken is not None
+            if not is_closed(taken.driver_connection):
+                return
+            self._pooled = None
+            await protect(greenlet_spawn(taken.invalidate))  # closed for good, and checked in
+        raise DatabaseError("the connection to the database was lost: every connection opened was closed")
+
+    async def _connect(self, pool: Any) -> None:
+        # Kept on self at once: a cancellation delivered after this protected
+        # check-out must still find the connection to return.
+        self._pooled = await greenlet_spawn(pool.connect)
+
+    async def _replace(self, state: LoopEngine, engine: AsyncEngine) -> PoolProxiedConnection:
+        """A live connection in place of this unit of work's, which died at its first trip."""
+        dead, self._pooled = self._pooled, None
+        if dead is not None:
+            await protect(greenlet_spawn(dead.invalidate))
+        with translating():
+            await self._checkout(state, engine)
+        assert self._pooled is not None
+        return self._pooled
 
     async def _close_clean(self) -> None:
-        """Return a connection known to be clean to the pool, and the write lock.
+        """Return a committed unit of work's connection to the pool, and its turn and write lock.
 
         After a commit, check-in does no IO (the pool does not reset on
-        return), so this never suspends and no cancellation can cut it short.
+        return), so this never suspends and no cancellation can cut it short,
+        unless the connection is dropped (dead, or the caller's statements ran
+        on it and SQLite cannot reset them): the caller protects it then.
         """
         link, self._link, self._pooled = self._link, None, None
         try:
@@ -281,8 +348,15 @@ class UnitOfWork:
             self._release_writer()
 
     def _release_writer(self) -> None:
+        """Give up the turn at the pool (the connection is back) and the SQLite write lock."""
         self._open = False
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            gate.leave()
         writer, self._writer = self._writer, None
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.writers -= 1
         if writer is not None:
             writer.release()
 
@@ -344,6 +418,23 @@ class UnitOfWork:
         link.info.pop(ARCHIVE_WRITES, None)
         with translating():
             await link.rollback()
+
+
+_DEAD_IN_A_ROW = 64  # dead connections one check-out drops before it gives up (a pool's worth, and more)
+
+
+def _pool_timeout() -> PoolTimeoutError:
+    return PoolTimeoutError(
+        "no database connection became free within pool_timeout: every pooled connection is in use "
+        "(more units of work at once than pool_size + max_overflow, or some held open across slow work)"
+    )
+
+
+def _write_lock_timeout() -> PoolTimeoutError:
+    return PoolTimeoutError(
+        "SQLite's write lock did not become free within pool_timeout: other units of work of this "
+        "process kept it (one held open across slow work, or more writers than the file can serve)"
+    )
 
 
 _REPOSITORIES = tuple(name for name, value in vars(UnitOfWork).items() if isinstance(value, _Repository))

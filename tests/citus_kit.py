@@ -23,6 +23,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+from conftest import CITUS_RECIPE
 from sqlalchemy.engine import make_url
 
 from memorm import Database
@@ -40,15 +41,12 @@ __all__ = [
 ]
 
 REQUIRE_CITUS = os.environ.get("MEMORM_REQUIRE_CITUS") == "1"
-RECIPE = Path(__file__).resolve().parents[2] / "shared" / "recipes" / "citus-cluster"
-_ALT_RECIPE = Path("/work/shared/recipes/citus-cluster")
 WORKERS = (5434, 5435)  # the workers' ports
 
 
 def _recipe() -> Path | None:
-    for candidate in (RECIPE, _ALT_RECIPE):
-        if candidate.is_file():
-            return candidate
+    if CITUS_RECIPE is not None:
+        return CITUS_RECIPE
     found = shutil.which("citus-cluster")
     return Path(found) if found else None
 

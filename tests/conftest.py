@@ -13,6 +13,18 @@ a database of the cluster, and each test's schema is distributed by agent
 (they check what a single server does: query plans, one connection's view)
 are left out then, and so are tests that build their own database from a URL.
 
+``MEMORM_TEST_PGBOUNCER=1`` puts PgBouncer in transaction mode
+(``../shared/recipes/pgbouncer``, port 6432, or ``MEMORM_TEST_PGBOUNCER_PORT``)
+between the Postgres tests and the server: each test's store is a database
+of its own on the server (copied from a template database with the
+extensions, made once per run), reached through PgBouncer with
+``Database(transaction_pooling=True)``.  A database, not a schema:
+PgBouncer refuses a ``search_path`` startup parameter.  Tests marked
+``direct`` (they need what only a connection of their own to the server
+gives: its session's settings, LISTEN, a backend's identity) are left out
+then.  With ``MEMORM_TEST_POSTGRES_ROLE=app`` too, the application role is
+listed in PgBouncer's auth file for the test.
+
 Property-based tests take their example counts from a hypothesis profile,
 chosen by ``HYPOTHESIS_PROFILE``: ``dev`` (the default, quick) or ``ci``
 (200 examples per property: ``.ci/run`` runs the tests marked ``property``,
@@ -23,7 +35,9 @@ of their own, so the profile applies to all of them.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
+import signal
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -41,17 +55,10 @@ from memorm import Database
 
 REQUIRE_POSTGRES = os.environ.get("MEMORM_REQUIRE_POSTGRES") == "1"
 CITUS = os.environ.get("MEMORM_TEST_CITUS") == "1"
-CITUS_RECIPE = next(
-    (
-        path
-        for path in (
-            Path(__file__).resolve().parents[2] / "shared" / "recipes" / "citus-cluster",
-            Path("/work/shared/recipes/citus-cluster"),
-        )
-        if path.is_file()
-    ),
-    None,
-)
+# The machine's recipes (Citus, pg-scratch, PgBouncer): MEMORM_RECIPES (.ci/run sets it), else
+# beside the checkout.
+RECIPES = Path(os.environ.get("MEMORM_RECIPES") or Path(__file__).resolve().parents[2] / "shared" / "recipes")
+CITUS_RECIPE = RECIPES / "citus-cluster" if (RECIPES / "citus-cluster").is_file() else None
 CITUS_SUITE_DATABASE = "memorm_suite"
 
 
@@ -80,6 +87,10 @@ POSTGRES_URL = (
     if CITUS
     else os.environ.get("MEMORM_TEST_POSTGRES_URL", "postgresql+asyncpg://root@127.0.0.1:5432/test")
 )
+PGBOUNCER = os.environ.get("MEMORM_TEST_PGBOUNCER") == "1"
+PGBOUNCER_PORT = int(os.environ.get("MEMORM_TEST_PGBOUNCER_PORT", "6432"))
+if PGBOUNCER and CITUS:
+    raise RuntimeError("MEMORM_TEST_PGBOUNCER=1 and MEMORM_TEST_CITUS=1 cannot be combined")
 # Examples share the test's database (a function-scoped fixture) on purpose; each
 # one runs real statements on both engines, so no per-example deadline.
 _PROPERTIES: dict[str, Any] = {
@@ -117,6 +128,9 @@ def postgres_unavailable() -> str | None:
                 await connection.execute("CREATE EXTENSION IF NOT EXISTS btree_gin SCHEMA public")
             finally:
                 await connection.close()
+            if PGBOUNCER:  # and PgBouncer in front of it
+                pooler = _pgbouncer_url(str(make_url(POSTGRES_URL).database))
+                await (await asyncpg.connect(asyncpg_dsn(pooler), statement_cache_size=0, timeout=5)).close()
 
         try:
             asyncio.run(probe())
@@ -136,10 +150,21 @@ class Store:
     schema: str | None = None
     # MEMORM_TEST_CITUS=1: the schema comes from the pool, created and distributed already.
     ready: bool = False
+    # MEMORM_TEST_PGBOUNCER=1: the store's own database (its tables in `public`).
+    own_database: str | None = None
 
     def database(self, **engine_options: Any) -> Database:
-        """Another ``Database`` on the same store (its own engine and pool)."""
+        """Another ``Database`` on the same store (its own engine and pool; through PgBouncer with
+        ``transaction_pooling=True`` under MEMORM_TEST_PGBOUNCER=1, which ``options`` carries)."""
         return Database(self.url, **{**self.options, **engine_options})
+
+    def admin_dsn(self) -> str:
+        """An asyncpg DSN of the store's database on the server itself, never through PgBouncer
+        (a schema store's DSN: set its search_path to reach the schema)."""
+        if self.own_database is None:
+            return asyncpg_dsn()
+        url = make_url(POSTGRES_URL).set(database=self.own_database)
+        return asyncpg_dsn(url.render_as_string(hide_password=False))
 
 
 def usable_engine(name: str) -> str:
@@ -163,6 +188,20 @@ async def store(engine: str, tmp_path: Path) -> AsyncIterator[Store]:
     """An empty store (no schema) for one test."""
     if engine == "sqlite":
         yield Store(engine, f"sqlite+aiosqlite:///{tmp_path / 'memorm.db'}")
+        return
+    if PGBOUNCER:
+        name = f"t_{uuid.uuid4().hex[:16]}"
+        await admin_execute(f'CREATE DATABASE "{name}" TEMPLATE "{await _pgbouncer_template()}"')
+        try:
+            yield Store(
+                engine,
+                _pgbouncer_url(name),
+                {"transaction_pooling": True, "connect_args": {"server_settings": {}}},
+                "public",
+                own_database=name,
+            )
+        finally:
+            await admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         return
     reused = _citus_clean.pop() if CITUS and _citus_clean else None
     schema = reused or f"t_{uuid.uuid4().hex[:16]}"
@@ -268,6 +307,98 @@ def _citus_drop_pool() -> None:
         asyncio.run(drop())
 
 
+# -- MEMORM_TEST_PGBOUNCER=1: a database per test, through PgBouncer ---------------
+# Each test's database is copied from a template that has the extensions (CREATE
+# DATABASE ... TEMPLATE: a few milliseconds, where CREATE EXTENSION costs hundreds).
+# One template per run (xdist's workers share the controller's run id), dropped at the
+# end by the controller; nobody ever connects to it once it is made, since CREATE
+# DATABASE refuses a template that has sessions.
+
+_pgbouncer_templates: list[str] = []
+
+
+def _pgbouncer_url(database: str, username: str | None = None) -> str:
+    url = make_url(POSTGRES_URL).set(host="127.0.0.1", port=PGBOUNCER_PORT, database=database)
+    if username is not None:
+        url = url.set(username=username)
+    return url.render_as_string(hide_password=False)
+
+
+async def _pgbouncer_template() -> str:
+    """The run's template database (pgvector and btree_gin installed), made on first use."""
+    name = f"memorm_tpl_{os.environ['MEMORM_TEST_RUN']}"
+    if _pgbouncer_templates:
+        return name
+    admin = await asyncpg.connect(asyncpg_dsn())
+    try:
+        if not await admin.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name):
+            # Made under a name of its own, then renamed: another worker never copies a half-made one.
+            draft = f"{name}_{uuid.uuid4().hex[:8]}"
+            await admin.execute(f'CREATE DATABASE "{draft}"')
+            draft_url = make_url(POSTGRES_URL).set(database=draft).render_as_string(hide_password=False)
+            connection = await asyncpg.connect(asyncpg_dsn(draft_url))
+            try:
+                await connection.execute("CREATE EXTENSION vector; CREATE EXTENSION btree_gin")
+            finally:
+                await connection.close()
+            for attempt in range(50):
+                try:
+                    await admin.execute(f'ALTER DATABASE "{draft}" RENAME TO "{name}"')
+                    break
+                except asyncpg.DuplicateDatabaseError:  # another worker's came first
+                    await admin.execute(f'DROP DATABASE "{draft}" WITH (FORCE)')
+                    break
+                except asyncpg.ObjectInUseError:  # our session to it has not quite left
+                    if attempt == 49:
+                        raise
+                    await asyncio.sleep(0.1)
+    finally:
+        await admin.close()
+    _pgbouncer_templates.append(name)
+    return name
+
+
+def _pgbouncer_drop_template(config: pytest.Config) -> None:
+    if not PGBOUNCER or hasattr(config, "workerinput"):  # the controller drops it, once workers are done
+        return
+    name = f"memorm_tpl_{os.environ['MEMORM_TEST_RUN']}"
+    asyncio.run(admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+def pgbouncer_user(role: str, *, listed: bool, port: int = PGBOUNCER_PORT) -> None:
+    """List (or unlist) `role` in the auth file of the recipe's PgBouncer on `port`, and make
+    PgBouncer reread it (SIGHUP).
+
+    The recipe's PgBouncer trusts every user it lists, and only those.
+    """
+    folder = Path(f"/etc/pgbouncer-memorm-{port}")
+    line = f'"{role}" ""\n'
+    with open(folder / "userlist.txt", "r+") as userlist:
+        fcntl.flock(userlist, fcntl.LOCK_EX)  # other workers add and remove theirs
+        lines = [kept for kept in userlist.readlines() if kept != line]
+        if listed:
+            lines.append(line)
+        userlist.seek(0)
+        userlist.truncate()
+        userlist.writelines(lines)
+        userlist.flush()
+        os.kill(int((folder / "pgbouncer.pid").read_text()), signal.SIGHUP)
+
+
+async def pgbouncer_admits(url: str) -> None:
+    """Wait until PgBouncer (rereading its auth file) lets `url`'s user in."""
+    for attempt in range(100):
+        try:
+            connection = await asyncpg.connect(asyncpg_dsn(url), statement_cache_size=0, timeout=5)
+        except asyncpg.PostgresError:
+            if attempt == 99:
+                raise
+            await asyncio.sleep(0.05)
+        else:
+            await connection.close()
+            return
+
+
 # MEMORM_TEST_POSTGRES_ROLE=app: the ``db`` fixture's Postgres database connects as
 # an application role subject to row-level security (memorm db create-role), not
 # as the superuser, which Postgres exempts from it.  .ci/run runs the chat-path
@@ -279,12 +410,20 @@ def _left_out(item: pytest.Item) -> bool:
     """Whether this run leaves `item` out (the application role's run, or the Citus run)."""
     if APP_ROLE and "owner" in item.keywords and "postgres" in item.keywords:
         return True
+    if PGBOUNCER and "direct" in item.keywords and "postgres" in item.keywords:
+        return True
     if CITUS:  # only Postgres tests on the suite's distributed schemas
         # The db fixture, or the SDK suites' backend and LangGraph's store suite (a Database
         # from probes.tagged_database).
         uses_db = bool({"db", "backend", "_memorm_store"} & set(getattr(item, "fixturenames", ())))
         return "postgres" not in item.keywords or "single_node" in item.keywords or not uses_db
     return False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # One id per run, inherited by xdist's workers (started after this): names the run's
+    # PgBouncer template database.
+    os.environ.setdefault("MEMORM_TEST_RUN", uuid.uuid4().hex[:12])
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
@@ -317,9 +456,11 @@ async def app_role(store: Store) -> AsyncIterator[tuple[Database, Database, str]
     await owner.upgrade()
     role = f"memorm_app_{uuid.uuid4().hex[:10]}"
     await create_role(owner, role)
-    app = Database(
-        make_url(POSTGRES_URL).set(username=role).render_as_string(hide_password=False), **store.options
-    )
+    url = make_url(store.url).set(username=role).render_as_string(hide_password=False)
+    if PGBOUNCER:
+        pgbouncer_user(role, listed=True)
+        await pgbouncer_admits(url)
+    app = Database(url, **store.options)
     try:
         yield owner, app, role
     finally:
@@ -329,13 +470,18 @@ async def app_role(store: Store) -> AsyncIterator[tuple[Database, Database, str]
 
 
 async def _drop_role(store: Store, role: str) -> None:
-    """Drop the store's schema and an application role made for it."""
+    """Drop the store's schema (its database under MEMORM_TEST_PGBOUNCER=1) and a role made for it."""
     admin = await asyncpg.connect(asyncpg_dsn())
     try:
-        await admin.execute(f'DROP SCHEMA IF EXISTS "{store.schema}" CASCADE')
+        if store.own_database is not None:  # the role's grants go with it
+            await admin.execute(f'DROP DATABASE IF EXISTS "{store.own_database}" WITH (FORCE)')
+        else:
+            await admin.execute(f'DROP SCHEMA IF EXISTS "{store.schema}" CASCADE')
         await drop_role(admin, role)
     finally:
         await admin.close()
+        if PGBOUNCER:
+            pgbouncer_user(role, listed=False)
 
 
 async def drop_role(admin: asyncpg.Connection, role: str) -> None:
@@ -374,7 +520,11 @@ async def db(store: Store) -> AsyncIterator[Database]:
     role = f"memorm_app_{uuid.uuid4().hex[:10]}"
     await create_role(database, role)
     await database.dispose()
-    app = Database(make_url(POSTGRES_URL).set(username=role), **store.options)
+    url = make_url(store.url).set(username=role).render_as_string(hide_password=False)
+    if PGBOUNCER:
+        pgbouncer_user(role, listed=True)
+        await pgbouncer_admits(url)
+    app = Database(url, **store.options)
     try:
         yield app
     finally:
@@ -400,6 +550,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _citus_drop_pool()
+    _pgbouncer_drop_template(session.config)
     if REQUIRE_POSTGRES and _skipped_postgres:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

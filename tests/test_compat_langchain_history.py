@@ -524,3 +524,28 @@ def test_importing_memorm_does_not_import_langchain() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
+
+
+async def test_tool_call_arguments_nested_past_pythons_parser_read_as_an_invalid_tool_call(
+    db: Database,
+) -> None:
+    agent_id = await _agent(db)
+    deep = "[" * 100_000 + "]" * 100_000  # json.loads recursed until RecursionError
+    async with db.unit_of_work() as uow:
+        chat = await uow.sessions.get_or_create(agent_id, "deep")
+        await uow.messages.append(
+            chat.id,
+            [
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": deep}}
+                    ],
+                }
+            ],
+        )
+    (got,) = await MemormChatMessageHistory(db, "deep", agent=agent_id).aget_messages()
+    assert isinstance(got, AIMessage)
+    assert got.tool_calls == []
+    assert [(c["id"], c["args"]) for c in got.invalid_tool_calls] == [("c1", deep)]

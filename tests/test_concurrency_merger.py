@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from reliability.test_cancellation import loop_errors, settle
 
-from memorm.concurrency import Merger
+from memorm.concurrency import BLOCKED, BlockedCaller, Merger
 
 pytestmark = pytest.mark.anyio
 
@@ -163,6 +163,32 @@ async def test_each_loop_has_its_own_line() -> None:
     assert await here == [10, 20]
     assert there == [1000, 1010]
     assert sorted(map(sorted, work.runs)) == [[1], [2], [100], [101]]  # one at a time on each loop
+
+
+async def test_a_call_blocking_another_loops_thread_runs_at_once_past_the_width() -> None:
+    """The runs ahead may wait for that loop (its SQLite write lock, its rows): it waits for this call."""
+    held = asyncio.Event()
+
+    async def work(calls: list[int]) -> Sequence[int]:
+        if 0 in calls:
+            await held.wait()  # a run waiting for the blocked loop
+        return [call * 10 for call in calls]
+
+    merger = Merger(work, width=1, most=10)
+    ahead = asyncio.create_task(merger(0))
+    await asyncio.sleep(0)
+    caller = BlockedCaller(asyncio.get_running_loop(), "f()", "Await af()")
+
+    async def bridged() -> int:  # what the sync bridge's task does (in a context of its own)
+        BLOCKED.set((caller,))
+        return await merger(1)
+
+    try:
+        assert await asyncio.wait_for(bridged(), 5) == 10
+        assert not ahead.done()
+    finally:
+        held.set()
+    assert await ahead == 0
 
 
 @settings(max_examples=40, deadline=None)

@@ -168,3 +168,19 @@ async def test_a_tenant_header_that_is_no_tenant_name_is_422(client: httpx.Async
         ).status_code == 422
     longest = await client.post("/agents", json={"name": "sam"}, headers={"X-Tenant": "x" * 128})
     assert longest.status_code == 201
+
+
+async def test_a_tenant_header_is_read_as_utf8_and_other_bytes_are_422(client: httpx.AsyncClient) -> None:
+    # HTTP servers hand a header's bytes over as latin-1: "café" in UTF-8 arrived as "cafÃ©".
+    made = await client.post("/agents", json={"name": "sam"}, headers={"X-Tenant": "café".encode()})
+    assert made.status_code == 201, made.text
+    db = app.state.db
+    async with db.for_tenant("café").unit_of_work(read_only=True) as uow:
+        assert (await uow.agents.get(made.json()["id"])).name == "sam"
+    async with db.for_tenant("cafÃ©").unit_of_work(read_only=True) as uow:
+        assert await uow.agents.get_by_name("sam") is None
+    latin1 = await client.post(
+        "/agents", json={"name": "sam"}, headers={"X-Tenant": "café".encode("latin-1")}
+    )
+    assert latin1.status_code == 422
+    assert latin1.json() == {"detail": "tenant: the X-Tenant header is not UTF-8 text"}

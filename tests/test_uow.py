@@ -393,3 +393,34 @@ async def test_repositories_are_made_on_first_use_and_anew_for_each_entry(db: Da
         assert uow.agents is not agents
         assert uow.agents.link is uow.link
         assert (await uow.agents.get_by_name("first")) is not None
+
+
+async def test_bypasses_rls_is_never_guessed_before_the_role_is_looked_up(db: Database) -> None:
+    # Until the first unit of work it read False, even for a superuser: a start-up
+    # check "am I under row-level security?" passed when it should not have.
+    if db.dialect == "postgresql":
+        async with db.engine.connect() as connection:
+            exempt = bool(
+                await connection.scalar(
+                    sa.text("SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user")
+                )
+            )
+    for learn in ("unit of work", "check_schema"):
+        fresh = db.clone()  # its own state: nothing looked up yet
+        try:
+            if db.dialect == "sqlite":
+                assert fresh.bypasses_rls is False  # no row-level security: known without a look
+                continue
+            view = fresh.for_tenant("acme")
+            for unknown in (fresh, view):
+                with pytest.raises(MemormError, match=r"not known yet.*check_schema"):
+                    _ = unknown.bypasses_rls
+            if learn == "unit of work":
+                async with view.unit_of_work(read_only=True) as uow:
+                    await uow.agents.get_by_name("nobody")
+            else:
+                await fresh.check_schema()
+            assert fresh.bypasses_rls is exempt
+            assert view.bypasses_rls is exempt  # a tenant's view shares what its database learned
+        finally:
+            await fresh.dispose()

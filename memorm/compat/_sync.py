@@ -3,7 +3,14 @@
 A sync method of an adapter (LangChain's `messages`, `add_texts`…) may be
 called from plain sync code, from a worker thread while the caller's loop runs
 elsewhere, or (blocking it) from inside a running loop.  `SyncBridge`
-runs the work on one private loop in a daemon thread.  The `Database` is the
+runs the work on one private loop in a daemon thread.
+
+Called on a running loop's thread, the call blocks that loop until it
+returns, so no task of that loop can let go of what it holds meanwhile: the
+work refuses to wait for such a task (SQLite's write lock, or a writing unit
+of work of that loop open on the same database, whose rows it may hold) and
+raises `memorm.errors.BlockedLoopError` at once instead of hanging for ever
+(`memorm.concurrency.BLOCKED`).  The `Database` is the
 caller's own: it serves every event loop, and gives the private loop an
 engine (a pool) of its own (`memorm.engines`), so sync calls never touch
 the pool the caller's loop uses.
@@ -24,6 +31,7 @@ from typing import Any, Protocol, TypeVar
 
 import anyio
 
+from memorm.concurrency import BLOCKED, BlockedCaller
 from memorm.db import Database
 from memorm.errors import MemormError, ValidationError
 
@@ -54,13 +62,30 @@ class SyncBridge:
         self._used: weakref.WeakSet[Database] = weakref.WeakSet()
         self._spawned: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
 
-    def run(self, db: Database, work: Callable[[Database], Awaitable[T]]) -> T:
-        """`await work(db)` on the private loop; blocks until it is done."""
+    def run(
+        self,
+        db: Database,
+        work: Callable[[Database], Awaitable[T]],
+        *,
+        call: str = "a sync memorm call",
+        instead: str = "Await the async method",
+    ) -> T:
+        """`await work(db)` on the private loop; blocks until it is done.
+
+        On the thread of a running event loop, work that would wait for a
+        task of that loop raises `BlockedLoopError` at once, its message
+        naming the sync `call` and what to do `instead`
+        (`"Await MemormStore.aput()"`).
+        """
         loop = self._started()
         if threading.current_thread() is self._thread:
             raise RuntimeError("a sync memorm call from memorm's own sync loop would deadlock")
         self._used.add(db)
-        future = asyncio.run_coroutine_threadsafe(_call(db, work), loop)
+        try:
+            caller = BlockedCaller(asyncio.get_running_loop(), call, instead)
+        except RuntimeError:  # no loop runs on this thread: nothing is blocked but the thread
+            caller = None
+        future = asyncio.run_coroutine_threadsafe(_call(db, work, caller), loop)
         try:
             return future.result()
         finally:
@@ -145,7 +170,9 @@ class SyncBridge:
         thread.join(timeout=_EXIT_TIMEOUT)
 
 
-async def _call(db: Database, work: Callable[[Database], Awaitable[T]]) -> T:
+async def _call(db: Database, work: Callable[[Database], Awaitable[T]], caller: BlockedCaller | None) -> T:
+    if caller is not None:
+        BLOCKED.set((*BLOCKED.get(), caller))  # in this task's own context: nothing to reset
     return await work(db)
 
 
@@ -178,7 +205,8 @@ def run_off_loop(adapter: Blocking, method: str, work: Callable[[Database], Awai
 
     On a running loop's thread it would block every task of that loop until
     done: it raises `BlockingCallError` there (before any statement), unless
-    `adapter.allow_blocking`.
+    `adapter.allow_blocking`; even then, work that would wait for a task of
+    that loop raises `BlockedLoopError` (`SyncBridge.run`).
     """
     if not adapter.allow_blocking:
         try:
@@ -191,7 +219,8 @@ def run_off_loop(adapter: Blocking, method: str, work: Callable[[Database], Awai
                 f"{name}.{method}() on the thread of a running event loop would block that loop: "
                 f"await {name}.a{method}() instead, or call {method}() from another thread"
             )
-    return BRIDGE.run(adapter.db, work)
+    name = type(adapter).__name__
+    return BRIDGE.run(adapter.db, work, call=f"{name}.{method}()", instead=f"Await {name}.a{method}()")
 
 
 BRIDGE = SyncBridge()

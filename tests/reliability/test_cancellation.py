@@ -8,31 +8,47 @@ free (another connection can begin a write at once), the database passes its
 integrity check, every unit of work is all or nothing, ordinary writes carry
 on, and nothing was logged through the event loop's exception handler
 (no "Future exception was never retrieved").
+
+Migrations, imports and copies into new SQLite files, new connections, and
+SQLite writes outside memorm's own statements are cancelled too (below): each
+raises the cancellation itself and leaves nothing locked, logged, warned or
+pending.  Their quick versions run by default; every test marked `long` tries
+hundreds of times.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import random
 import sqlite3
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.to_thread
+import asyncpg
 import pytest
 import sqlalchemy as sa
-from conftest import ENGINES, Store, count_rows
+from conftest import ENGINES, Store, asyncpg_dsn, count_rows
 
 from memorm import Database
 from memorm.errors import DatabaseError
+from memorm.migrate import head_revision
+from memorm.transfer import copy_database, export_jsonl, import_jsonl
+from memorm.transfer.copy import verify_copy
 
-pytestmark = [pytest.mark.anyio, pytest.mark.reliability, pytest.mark.long]
+pytestmark = [pytest.mark.anyio, pytest.mark.reliability]
+LONG = pytest.mark.long
 
 POSTGRES = pytest.mark.parametrize("engine", [ENGINES[1]], indirect=True)
 KINDS = ["wait_for", "task.cancel", "anyio", *(["asyncio.timeout"] if sys.version_info >= (3, 11) else [])]
@@ -113,6 +129,7 @@ async def assert_clean(db: Database, store: Store) -> None:
     assert await anyio.to_thread.run_sync(write_and_check) == [("ok",)]
 
 
+@LONG
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)
 async def test_cancellation_amid_appends_rolls_back_every_time(db: Database, store: Store, kind: str) -> None:
@@ -142,6 +159,7 @@ async def test_cancellation_amid_appends_rolls_back_every_time(db: Database, sto
     assert message.seq == 1
 
 
+@LONG
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)
 async def test_a_unit_of_work_cancelled_anywhere_is_all_or_nothing(
@@ -190,6 +208,7 @@ def _pairs(contents: list[str]) -> list[int]:
     return [int(c[1:]) for c in contents[2::2]]
 
 
+@LONG
 @POSTGRES
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_long_postgres_statement_is_cancelled_on_the_server(
@@ -221,6 +240,7 @@ async def test_a_long_postgres_statement_is_cancelled_on_the_server(
     assert await count_rows(db, "messages") == 0
 
 
+@LONG
 @pytest.mark.parametrize("engine", [ENGINES[0]], indirect=True)
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_long_sqlite_statement_is_interrupted(db: Database, store: Store, kind: str) -> None:
@@ -246,6 +266,7 @@ async def test_a_long_sqlite_statement_is_interrupted(db: Database, store: Store
     assert await count_rows(db, "messages") == 0
 
 
+@LONG
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout is new in 3.11")
 @pytest.mark.parametrize("engine", ENGINES, indirect=True)
 async def test_a_swallowed_cancellation_amid_a_statement_fails_the_unit_of_work(db: Database) -> None:
@@ -268,3 +289,237 @@ async def test_a_swallowed_cancellation_amid_a_statement_fails_the_unit_of_work(
     async with db.unit_of_work() as uow:
         [message] = await uow.messages.append(chat, {"role": "user", "content": "kept"})
     assert message.seq == 1
+
+
+# -- Migrations, transfers and plain connections ------------------------------
+# Cancelled, each raises the cancellation itself (never another error in its
+# place) and leaves nothing behind: no lock on the SQLite file (the same
+# process writes at once), no connection unclosed (ResourceWarning), no task
+# left pending ("Task was destroyed but it is pending!"), nothing logged.
+# The quick versions run by default; the `long` ones try every kind many times.
+
+
+@asynccontextmanager
+async def nothing_left(caplog: pytest.LogCaptureFixture) -> AsyncIterator[None]:
+    """Assert that the block logs nothing (WARNING and up), warns nothing and leaves no unretrieved error.
+
+    Unclosed connections warn, and pending tasks report, as the garbage
+    collector finds them: collected (`settle`) before the checks.
+    """
+    caplog.set_level(logging.WARNING)
+    with loop_errors() as errors, warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        yield
+        await settle()
+    assert [f"{w.category.__name__}: {w.message}" for w in warned] == []
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert [context.get("message") for context in errors] == []
+
+
+@asynccontextmanager
+async def empty_database(store: Store, tmp_path: Path, name: str) -> AsyncIterator[tuple[Database, Store]]:
+    """A `Database` on an empty store (a new SQLite file, or the test's Postgres schema emptied)."""
+    if store.engine == "sqlite":
+        where = replace(store, url=f"sqlite+aiosqlite:///{tmp_path / f'{name}.db'}")
+    else:
+        where = store
+        admin = await asyncpg.connect(asyncpg_dsn())
+        try:
+            await admin.execute(
+                f'DROP SCHEMA IF EXISTS "{store.schema}" CASCADE; CREATE SCHEMA "{store.schema}"'
+            )
+        finally:
+            await admin.close()
+    database = where.database()
+    try:
+        yield database, where
+    finally:
+        await database.dispose()
+
+
+async def timed(work: Callable[[], Awaitable[Any]]) -> float:
+    """How long `work` takes, in seconds."""
+    started = time.perf_counter()
+    await work()
+    return time.perf_counter() - started
+
+
+async def cancel_upgrades(store: Store, tmp_path: Path, kinds: list[str], attempts: int) -> None:
+    """`db.upgrade()` of an empty store cancelled at random moments, then run again to the end."""
+    spans = []
+    for n in range(2):  # the first upgrade of a process also loads the migration scripts
+        async with empty_database(store, tmp_path, f"timed-{n}") as (database, _):
+            spans.append(await timed(database.upgrade))
+    span = min(spans)
+    rng = random.Random(f"upgrade-{store.engine}-{kinds}")
+    cancelled = 0
+    for n in range(attempts):
+        async with empty_database(store, tmp_path, f"upgrade-{n}") as (database, where):
+            with anyio.fail_after(60):
+                cancelled += await cancel_after(
+                    kinds[n % len(kinds)], rng.uniform(0, span * 0.8), database.upgrade
+                )
+            await assert_clean(database, where)
+            await database.upgrade()
+            assert await database.current_revision() == head_revision()
+            async with database.unit_of_work() as uow:
+                await uow.agents.create("after")
+    assert cancelled > attempts // 2
+
+
+@pytest.mark.parametrize("engine", ENGINES, indirect=True)
+async def test_a_cancelled_upgrade_raises_the_cancellation_and_leaves_the_database_usable(
+    store: Store, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with nothing_left(caplog):
+        await cancel_upgrades(store, tmp_path, KINDS, len(KINDS))
+
+
+@LONG
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("engine", ENGINES, indirect=True)
+async def test_upgrades_cancelled_again_and_again_leave_nothing_behind(
+    store: Store, tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    async with nothing_left(caplog):
+        await cancel_upgrades(store, tmp_path, [kind], 25)
+
+
+def transfer(
+    n: int, source: Database, destination: Database, dump: Path, tenant: str | None = None
+) -> Callable[[], Awaitable[Any]]:
+    """The `n`th transfer into `destination`: an import of `dump` (even `n`), or a copy of `source`
+    (of `tenant`'s rows only, if named)."""
+    if n % 2 == 0:
+        return partial(import_jsonl, destination, dump)
+    return partial(copy_database, source, destination, tenant=tenant)
+
+
+async def cancel_transfers(
+    db: Database, tmp_path: Path, kinds: list[str], attempts: int, *, whole: bool
+) -> None:
+    """Imports and copies of `db` into new SQLite files cancelled at random moments, then run again.
+
+    The moments spread over the destination's migration (which comes first), or with
+    `whole` over the whole transfer.
+    """
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create("source")
+        chat = await uow.sessions.create(agent.id)
+        await uow.messages.append(chat.id, [{"role": "user", "content": f"m{n}"} for n in range(200)])
+    # A role under row-level security (MEMORM_TEST_POSTGRES_ROLE=app) reads its tenant's rows only.
+    tenant = None if db.dialect == "sqlite" or db.bypasses_rls else db.tenant
+    dump = tmp_path / "dump.jsonl"
+    await export_jsonl(db, dump, tenant=tenant)
+    destinations = Store("sqlite", "")
+    span = 0.0
+    for n in range(2):
+        async with empty_database(destinations, tmp_path, f"timed-{n}") as (destination, _):
+            span = max(
+                span,
+                await timed(transfer(n, db, destination, dump, tenant) if whole else destination.upgrade),
+            )
+    rng = random.Random(f"transfer-{db.dialect}-{kinds}-{whole}")
+    cancelled = 0
+    for n in range(attempts):
+        async with empty_database(destinations, tmp_path, f"transfer-{n}") as (destination, where):
+            work = transfer(n, db, destination, dump, tenant)
+            with anyio.fail_after(60):
+                cancelled += await cancel_after(kinds[n % len(kinds)], rng.uniform(0, span * 0.8), work)
+            await assert_clean(destination, where)
+            await work()
+            report = await verify_copy(db, destination, tenant=tenant)
+            assert report.problems == []
+    assert cancelled > attempts // 2
+
+
+@pytest.mark.parametrize("engine", [ENGINES[0]], indirect=True)
+async def test_an_import_or_copy_cancelled_as_it_migrates_a_new_sqlite_file_can_run_again(
+    db: Database, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with nothing_left(caplog):
+        await cancel_transfers(db, tmp_path, KINDS, len(KINDS), whole=False)
+
+
+@LONG
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("engine", ENGINES, indirect=True)
+async def test_imports_and_copies_into_new_sqlite_files_cancelled_anywhere_can_run_again(
+    db: Database, tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    async with nothing_left(caplog):
+        await cancel_transfers(db, tmp_path, [kind], 12, whole=True)
+
+
+async def cancel_connects(db: Database, store: Store, attempts: int) -> None:
+    """Fresh connections (a schema check's) cancelled as they are made, every kind in turn."""
+    await db.dispose()
+    span = await timed(db.current_revision)  # a new connection, and one statement
+    rng = random.Random(f"connect-{store.engine}")
+    for n in range(attempts):
+        await db.dispose()
+        with anyio.fail_after(10):
+            await cancel_after(KINDS[n % len(KINDS)], rng.uniform(0, span), db.current_revision)
+        await assert_clean(db, store)
+    assert await db.current_revision() == head_revision()
+
+
+@pytest.mark.parametrize("engine", ENGINES, indirect=True)
+async def test_a_connect_cut_short_by_cancellation_is_closed(
+    db: Database, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with nothing_left(caplog):
+        await cancel_connects(db, store, 60)
+
+
+@LONG
+@pytest.mark.parametrize("engine", ENGINES, indirect=True)
+async def test_connects_cut_short_again_and_again_are_closed(
+    db: Database, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with nothing_left(caplog):
+        await cancel_connects(db, store, 1_000)
+
+
+async def cancel_sqlite_writes(db: Database, store: Store, attempts: int) -> None:
+    """Writes cancelled mid-way, every kind in turn: in units of work that run statements of their
+    own, and on plain connections (as tools use them); the file is writable after each."""
+    chat = await _chat(db)
+    rng = random.Random("sqlite-writes")
+
+    async def unit_of_work() -> None:
+        async with db.unit_of_work() as uow:
+            await uow.messages.append(chat, {"role": "user", "content": "lost"})
+            await uow.session.execute(sa.text("SELECT count(*) FROM messages"))
+
+    async def plain_connection() -> None:
+        async with db.engine.connect() as connection:  # BEGIN IMMEDIATE: it may write
+            await connection.exec_driver_sql("SELECT count(*) FROM messages")
+
+    for n in range(attempts):
+        work = unit_of_work if n % 2 == 0 else plain_connection
+        with anyio.fail_after(10):
+            await cancel_after(KINDS[n // 2 % len(KINDS)], rng.uniform(0, 0.004), work)
+        await assert_clean(db, store)
+        if n % 50 == 49:
+            await db.dispose()  # new connections too, whose set-up a cancellation can cut short
+    async with db.unit_of_work() as uow:
+        [message] = await uow.messages.append(chat, {"role": "user", "content": "kept"})
+    assert message.seq <= attempts // 2 + 1  # the next free number: cancelled appends took none or their own
+
+
+@pytest.mark.parametrize("engine", [ENGINES[0]], indirect=True)
+async def test_sqlite_writes_cancelled_mid_way_leave_the_file_writable_and_nothing_pending(
+    db: Database, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with nothing_left(caplog):
+        await cancel_sqlite_writes(db, store, 300)
+
+
+@LONG
+@pytest.mark.parametrize("engine", [ENGINES[0]], indirect=True)
+async def test_sqlite_writes_cancelled_again_and_again_leave_the_file_writable(
+    db: Database, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with nothing_left(caplog):
+        await cancel_sqlite_writes(db, store, 3_000)

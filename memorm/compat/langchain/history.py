@@ -22,6 +22,7 @@ __all__ = ["PAGE", "MemormChatMessageHistory"]
 
 PAGE = 1000  # rows per read: memorm's largest page
 _BEFORE_ALL = -(2**31) - 1  # a seq below every message's (seq is a 32-bit integer)
+_NAME = "MemormChatMessageHistory"  # as errors of its sync methods name it
 
 
 class MemormChatMessageHistory(BaseChatMessageHistory):
@@ -104,16 +105,23 @@ class MemormChatMessageHistory(BaseChatMessageHistory):
     @property
     def messages(self) -> list[BaseMessage]:  # type: ignore[override]  # LangChain declares a plain attribute
         """The session's messages, oldest first (the newest `window`, if set)."""
-        return BRIDGE.run(self.db, self._read)
+        return BRIDGE.run(
+            self.db, self._read, call=f"{_NAME}.messages", instead=f"Await {_NAME}.aget_messages()"
+        )
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
         """Append the messages in one unit of work (creating the session on first use)."""
         rows = _rows(messages)
-        BRIDGE.run(self.db, lambda db: self._append(db, rows))
+        BRIDGE.run(
+            self.db,
+            lambda db: self._append(db, rows),
+            call=f"{_NAME}.add_messages()",
+            instead=f"Await {_NAME}.aadd_messages()",
+        )
 
     def clear(self) -> None:
         """Delete the session's messages (the session itself stays, under its key)."""
-        BRIDGE.run(self.db, self._clear)
+        BRIDGE.run(self.db, self._clear, call=f"{_NAME}.clear()", instead=f"Await {_NAME}.aclear()")
 
     # -- the work, on whichever Database the caller's loop may use ----------
 
