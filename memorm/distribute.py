@@ -4,7 +4,11 @@ Agents are distributed by their id and every other per-agent table (the
 graph-state and graph-store tables too) by `agent_id`, all colocated, so an agent's rows
 live on one shard and joins between them stay there; `agent_names` (names unique per tenant) is a
 reference table, copied to every node.  Migration 0009 made every key hold
-the agent's column, which Citus requires of distributed tables.  Indexes
+the agent's column, which Citus requires of distributed tables; the unique
+indexes on `(tenant, id)` that keep an id to one message or passage of a
+tenant cannot (`unshardable_indexes`): they are dropped here, and memorm's
+writes check ids on a distributed database instead
+(`memorm.repositories.id_claims`).  Indexes
 (full-text GIN, HNSW) and row-level security policies go with the tables to
 their shards.  docs/scaling.md says what routes to one shard and what fans out.
 """
@@ -31,7 +35,7 @@ from memorm.translate import translating
 if TYPE_CHECKING:
     from memorm.db import Database
 
-__all__ = ["DISTRIBUTION", "distribute", "is_distributed"]
+__all__ = ["DISTRIBUTION", "distribute", "is_distributed", "unshardable_indexes"]
 
 # (table, distribution column or None for a reference table), parents before children.
 DISTRIBUTION: tuple[tuple[sa.Table, str | None], ...] = (
@@ -49,6 +53,13 @@ _DONE = sa.text("SELECT logicalrelid::regclass::text FROM pg_dist_partition")
 _PRESENT = sa.text(
     "SELECT name FROM unnest(CAST(:names AS text[])) AS name WHERE to_regclass(name) IS NOT NULL"
 )
+
+
+def unshardable_indexes(table: sa.Table, column: str | None) -> list[str]:
+    """The unique indexes of `table` that lack its distribution `column` (Citus refuses those)."""
+    if column is None:  # a reference table keeps every index
+        return []
+    return sorted(str(index.name) for index in table.indexes if index.unique and column not in index.columns)
 
 
 async def is_distributed(db: Database) -> bool:
@@ -93,6 +104,8 @@ async def distribute(db: Database) -> list[str]:
                     await connection.execute(sa.text("SELECT create_reference_table(:t)"), {"t": table.name})
                     done.append(f"{table.name}: reference table")
                     continue
+                for index in unshardable_indexes(table, column):  # memorm's own names: no user text
+                    await connection.execute(sa.text(f'DROP INDEX IF EXISTS "{index}"'))
                 parent = "default" if table is AGENTS else AGENTS.name
                 await connection.execute(
                     sa.text("SELECT create_distributed_table(:t, :c, colocate_with => :with)"),

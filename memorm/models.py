@@ -216,6 +216,28 @@ class _Row(MemormModel, metaclass=_RowType):
         else:
             _fill(self, plan, data)
 
+    def __copy__(self) -> Any:
+        """A shallow copy (`copy.copy`, `model_copy`); both objects' id then counts as given.
+
+        Two objects share one id now, so neither is taken for a new row
+        whose memorm-made id needs no check when stored
+        (`memorm.repositories.id_claims.chose_id`).
+        """
+        made = super().__copy__()
+        _id_shared(self, made)
+        return made
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> Any:
+        """A deep copy (`copy.deepcopy`, `model_copy(deep=True)`); its id counts as given, as `__copy__`'s."""
+        made = super().__deepcopy__(memo)
+        _id_shared(self, made)
+        return made
+
+
+def _id_shared(*rows: _Row) -> None:
+    for row in rows:
+        row.__pydantic_fields_set__.add("id")
+
 
 class _LazyState:
     """Where the ORM finds a row object's state: made on the ORM's first ask.
@@ -322,6 +344,9 @@ class Message(_Row, table=True):
             ondelete="CASCADE",
         ),
         sa.UniqueConstraint("tenant", "agent_id", "session_id", "seq"),
+        # An id names one message of the tenant, whichever agent holds it (a distributed
+        # table cannot keep this index: memorm.repositories.id_claims checks ids there).
+        sa.Index(None, "tenant", "id", unique=True),
         sa.Index(None, "tenant", "agent_id", "created_at"),
         sa.CheckConstraint("role IN ('system', 'user', 'assistant', 'tool')", name="role"),
         # OpenAI's assistant messages that only call tools have no content (None).
@@ -344,6 +369,7 @@ class ArchivalPassage(_Row, table=True):
     __tablename__ = "archival_passages"
     __table_args__ = (
         _agent_key("archival_passages"),
+        sa.Index(None, "tenant", "id", unique=True),  # one passage per id in the tenant, as messages
         sa.Index(None, "tenant", "agent_id", "embedding_model", "created_at"),
         # Exactly one of the two embedding columns holds the vector.
         sa.CheckConstraint("(embedding IS NULL) <> (embedding_half IS NULL)", name="one_embedding"),

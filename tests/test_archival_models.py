@@ -29,10 +29,48 @@ async def test_models_of_different_dimensions_are_searched_separately(db: Databa
         large_hits = await uow.passages.search(agent.id, large[3], k=100, embedding_model="large")
         with pytest.raises(ValidationError):
             await uow.passages.search(agent.id, small[3], embedding_model="large")
-        assert await uow.passages.search(agent.id, small[3], embedding_model="default") == []
     assert_matches(mini_hits, reference(small, small_ids, small[3], "cosine", 100))
     assert_matches(large_hits, reference(large, large_ids, large[3], "cosine", 100))
     assert {len(hit.passage.vector) for hit in mini_hits} == {384}
+
+
+async def test_search_under_a_model_the_agent_lacks_names_the_models_it_has(db: Database) -> None:
+    # Passages stored under a model's name, searched without `embedding_model=`
+    # (so under "default"): an empty list would read as "nothing is near".
+    agent = await _new_agent(db)
+    await _store(db, agent, scaled_vectors(20, 5, 8), embedding_model="mini")
+    await _store(db, agent, scaled_vectors(21, 5, 4), embedding_model="large")
+    query = scaled_vectors(22, 1, 8)[0]
+    expected = f"agent {agent.id} has no embedding model 'default'; its models are 'large', 'mini'"
+    for rounds in range(2):  # again once the Database's model cache holds the agent's "mini"
+        async with db.unit_of_work(read_only=True) as uow:
+            with pytest.raises(ValidationError, match=expected):
+                await uow.passages.search(agent.id, query)
+            with pytest.raises(ValidationError, match="no embedding model 'minii'; its models are"):
+                await uow.passages.search(agent.id, query, embedding_model="minii")
+            with pytest.raises(ValidationError, match=expected):
+                await uow.passages.hybrid_search(agent.id, "p1", query)
+            assert len(await uow.passages.search(agent.id, query, embedding_model="mini")) == 5, rounds
+
+
+async def test_search_of_an_agent_without_passages_is_empty(db: Database) -> None:
+    agent = await _new_agent(db)
+    async with db.unit_of_work(read_only=True) as uow:
+        assert await uow.passages.search(agent.id, [1.0, 0.0]) == []
+        assert await uow.passages.search(agent.id, [1.0, 0.0], embedding_model="mini") == []
+        assert await uow.passages.hybrid_search(agent.id, "anything", [1.0, 0.0]) == []
+
+
+async def test_an_unknown_model_error_names_at_most_ten_models(db: Database) -> None:
+    agent = await _new_agent(db)
+    async with db.unit_of_work() as uow:
+        for n in range(12):
+            await uow.passages.define_model(agent.id, f"m{n:02d}", 2)
+    async with db.unit_of_work(read_only=True) as uow:
+        with pytest.raises(ValidationError) as raised:
+            await uow.passages.search(agent.id, [1.0, 0.0])
+    listed = ", ".join(f"'m{n:02d}'" for n in range(10))
+    assert f"its models are {listed}, …: pass one as embedding_model=" in str(raised.value)
 
 
 async def test_one_model_name_may_have_another_dimension_for_another_agent(db: Database) -> None:

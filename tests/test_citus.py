@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from memorm import Database, DatabaseError, ValidationError
+from memorm import ConflictError, Database, DatabaseError, Message, ValidationError
 from memorm.compat.langgraph import MemormStore
 from memorm.distribute import DISTRIBUTION, is_distributed
 from memorm.testing import capture_statements
@@ -196,6 +196,7 @@ async def test_every_per_agent_call_runs_on_one_shard(cluster: Database, citus_u
             await uow.messages.append(
                 chat.id, [{"role": "user", "content": f"turn {i} cycling"} for i in range(80)]
             )
+            await uow.messages.append(chat.id, Message(role="user", content="memorm's id: no check"))
             await uow.messages.prepend(chat.id, {"role": "assistant", "content": "summary"})
             await uow.messages.replace_system(chat.id, "You are Sam, v2.")
             await uow.agents.update_core_memory(agent.id, "human", "Ada")
@@ -335,6 +336,51 @@ async def test_migrations_run_on_the_distributed_tables(cluster: Database, citus
         async with db.unit_of_work(all_tenants=True) as uow:
             purged = await uow.sessions.purge_expired(now=utcnow() + timedelta(hours=2))
         assert (purged.sessions, purged.messages) == (6, 18)
+
+
+async def test_ids_stay_unique_per_tenant_on_the_distributed_tables(cluster: Database) -> None:
+    """Revision 0015 on a distributed database: no index (Citus cannot shard it), shared ids refused."""
+    from memorm.migrate import check_drift
+
+    async with cluster.unit_of_work() as uow:
+        a = await uow.agents.create("a")
+        b = await uow.agents.create("b")
+        chat_a = await uow.sessions.create(a.id)
+        chat_b = await uow.sessions.create(b.id)
+        (taken,) = await uow.messages.append(chat_a.id, {"id": uuid.uuid4(), "role": "user", "content": "a"})
+    async with cluster.unit_of_work() as uow:
+        with pytest.raises(ConflictError, match=r"is stored in another session$"):
+            await uow.messages.append(chat_b.id, {"id": taken.id, "role": "user", "content": "b"})
+    indexes = (
+        "SELECT count(*) FROM pg_indexes "
+        "WHERE indexname IN ('ix_messages_tenant_id', 'ix_archival_passages_tenant_id')"
+    )
+    async with cluster.engine.connect() as connection:
+        assert (await connection.execute(sa.text(indexes))).scalar() == 0
+    assert await check_drift(cluster) == []  # the dropped indexes are no drift there
+    await cluster.downgrade("0014")
+    async with cluster.engine.begin() as connection:  # what a database could hold before 0015
+        await connection.execute(
+            sa.text(
+                "INSERT INTO messages (tenant, id, session_id, agent_id, seq, role, content, search_words, "
+                "created_at, updated_at, meta) SELECT tenant, id, :chat, :agent, 1, role, content, "
+                "search_words, created_at, updated_at, meta FROM messages WHERE id = :id"
+            ),
+            {"chat": chat_b.id, "agent": b.id, "id": taken.id},
+        )
+    with pytest.raises(ConflictError, match=f"messages id {taken.id} .tenant 'default', agents "):
+        await cluster.upgrade()
+    assert await cluster.current_revision() == "0014"
+    async with cluster.engine.begin() as connection:
+        await connection.execute(
+            sa.text("DELETE FROM messages WHERE id = :id AND agent_id = :agent"),
+            {"id": taken.id, "agent": b.id},
+        )
+    await cluster.upgrade()
+    assert await is_distributed(cluster)
+    async with cluster.engine.connect() as connection:
+        assert (await connection.execute(sa.text(indexes))).scalar() == 0
+    assert await check_drift(cluster) == []
 
 
 def _worker(port: int, action: str) -> None:

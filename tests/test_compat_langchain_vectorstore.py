@@ -12,7 +12,7 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import DeterministicFakeEmbedding, Embeddings
 from langchain_tests.integration_tests import VectorStoreIntegrationTests
 
-from memorm import Database, HashingEmbedder, ValidationError
+from memorm import ConflictError, Database, HashingEmbedder, ValidationError
 from memorm.compat.langchain import DOCUMENT_ID_KEY, MemormVectorStore, adispose_sync
 
 pytestmark = pytest.mark.anyio
@@ -131,13 +131,14 @@ async def test_stores_of_two_agents_are_separate_even_with_the_same_ids(db: Data
     assert await sam.aget_by_ids(["1"]) == []
     assert [d.page_content for d in await max_.aget_by_ids(["1"])] == ["max's fact"]
 
-    # Ids are unique per agent: another agent can neither read nor delete sam's
-    # document, and adding under the same id makes a document of its own.
+    # A canonical UUID is the passage id, which names one passage of the tenant (issue 28):
+    # another agent can neither read nor delete sam's document, nor add one under its id.
     [taken] = await sam.aadd_texts(["sam's uuid fact"], ids=[str(uuid.uuid4())])
     assert await max_.aget_by_ids([taken]) == []
     await max_.adelete([taken])
-    await max_.aadd_texts(["max's own"], ids=[taken])
-    assert [d.page_content for d in await max_.aget_by_ids([taken])] == ["max's own"]
+    with pytest.raises(ConflictError, match=f"^an archival passage with id {taken} exists$"):
+        await max_.aadd_texts(["max's own"], ids=[taken])
+    assert await max_.aget_by_ids([taken]) == []
     assert [d.page_content for d in await sam.aget_by_ids([taken])] == ["sam's uuid fact"]
 
 

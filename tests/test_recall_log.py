@@ -14,10 +14,8 @@ from conftest import Store
 from memorm import (
     ConflictError,
     Database,
-    DatabaseError,
     Message,
     NotFoundError,
-    UnitOfWork,
     ValidationError,
 )
 from memorm.tokens import estimate_tokens
@@ -117,26 +115,22 @@ async def test_append_with_a_taken_id_raises_conflict_and_writes_nothing(db: Dat
         assert [m.content for m in await uow.messages.window(chat)] == ["one"]
 
 
-async def test_failed_append_fails_the_unit_of_work_and_leaves_no_gap(db: Database) -> None:
+async def test_conflicting_append_takes_no_seq_and_the_unit_of_work_carries_on(db: Database) -> None:
     _, chat = await new_session(db)
     async with db.unit_of_work() as uow:
         (first,) = await uow.messages.append(chat, {"role": "user", "content": "one"})
-
-    async def carry_on_after_conflict(uow: UnitOfWork) -> None:
-        await uow.messages.append(chat, {"role": "user", "content": "lost"})
-        with pytest.raises(ConflictError):
-            await uow.messages.append(chat, [{"id": first.id, "role": "user", "content": "dup"}])
-        with pytest.raises(DatabaseError):
-            await uow.messages.append(chat, {"role": "user", "content": "refused"})
-
-    # Carrying on could commit a taken seq without its message: the unit of work can only roll back.
-    with pytest.raises(DatabaseError):
-        async with db.unit_of_work() as uow:
-            await carry_on_after_conflict(uow)
+    # The conflict is found before the counter moves: carrying on commits no gap.
     async with db.unit_of_work() as uow:
         await uow.messages.append(chat, {"role": "user", "content": "two"})
+        with pytest.raises(ConflictError):
+            await uow.messages.append(chat, [{"id": first.id, "role": "user", "content": "dup"}])
+        await uow.messages.append(chat, {"role": "user", "content": "three"})
     async with db.unit_of_work() as uow:
-        assert [(m.seq, m.content) for m in await uow.messages.window(chat)] == [(1, "one"), (2, "two")]
+        assert [(m.seq, m.content) for m in await uow.messages.window(chat)] == [
+            (1, "one"),
+            (2, "two"),
+            (3, "three"),
+        ]
 
 
 async def test_large_tool_answer_with_many_distinct_words_is_stored_and_searchable(db: Database) -> None:

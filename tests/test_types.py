@@ -9,6 +9,7 @@ import math
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 
 from memorm import Database, Session, UnitOfWork, ValidationError
 from memorm.ids import uuid7
+from memorm.transfer import digest_database, export_jsonl, import_jsonl
 from memorm.types.json import dumps, loads, loads_jsonb
 
 pytestmark = pytest.mark.anyio
@@ -125,6 +127,33 @@ async def test_json_negative_zero_reads_back_as_zero_on_both_engines(db: Databas
         "near": [-0.05, -0.0001, -1e-300, 0.0, 0],
     }
     assert [_signs(meta) for meta in stored] == [_signs(expected)] * 3
+
+
+async def test_vector_negative_zeros_keep_their_sign_through_export_and_import(
+    db: Database, tmp_path: Path
+) -> None:
+    # JSON documents drop the sign (jsonb has no -0.0); vectors keep it on both
+    # engines (pgvector, SQLite's packed floats), and `copy` carries it: so must a file.
+    async with db.unit_of_work() as uow:
+        agent = await uow.agents.create("zeros")
+        await uow.passages.define_model(agent.id, "half", 3, precision="float16")
+        full = await uow.passages.add(agent.id, "full", [-0.0, 1.0, 0.0])
+        half = await uow.passages.add(agent.id, "half", [0.0, -0.0, 1.0], embedding_model="half")
+
+    async def signs() -> list[list[float]]:
+        async with db.unit_of_work(read_only=True) as uow:
+            stored = [await uow.passages.get(passage.id) for passage in (full, half)]
+        return [[math.copysign(1.0, x) for x in passage.vector] for passage in stored]
+
+    assert await signs() == [[-1.0, 1.0, 1.0], [1.0, -1.0, 1.0]]  # as stored
+    before = await digest_database(db, tenant=db.tenant)
+    file = tmp_path / "zeros.jsonl"
+    await export_jsonl(db, file, tenant=db.tenant)
+    async with db.unit_of_work() as uow:
+        await uow.agents.delete(agent.id)  # its models and passages with it
+    await import_jsonl(db, file, tenant=db.tenant)
+    assert await signs() == [[-1.0, 1.0, 1.0], [1.0, -1.0, 1.0]]
+    assert await digest_database(db, tenant=db.tenant) == before
 
 
 def _unsigned_zeros(value: Any) -> Any:

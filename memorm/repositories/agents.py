@@ -90,6 +90,9 @@ class AgentRepository(Repository):
     ) -> Agent:
         """Create an agent; its `name` must be unique (`ConflictError` otherwise).
 
+        `system` is the agent's prompt, kept on the agent: no session gets it
+        as a message (write it into one with
+        [`replace_system`][memorm.repositories.MessageRepository.replace_system]).
         `retention` (a `timedelta` or whole seconds) is how long the
         agent's new sessions live unless created with their own `ttl`.
         """

@@ -243,6 +243,8 @@ class Repository:
         row's values, which a `ConflictError` then names (`an agent named 'sam' exists`).
         """
         check_writable(self.link)
+        async with guarded(self.link):
+            await self.link.ready()  # on the driver, where a dead connection can still be swapped
         try:
             async with guarded(self.link, recoverable=True), self.session.begin_nested():
                 yield

@@ -86,7 +86,19 @@ def check_batch(
         batch: list[MessageInput] = [messages]
     else:
         batch = check_list(messages, "messages", "messages (Message objects or dicts)")
-    return batch, [check_message(item, index) for index, item in enumerate(batch)]
+    rows = [check_message(item, index) for index, item in enumerate(batch)]
+    if len(rows) > 1 and len({row["id"].int for row in rows}) < len(rows):
+        _repeated_id(rows)
+    return batch, rows
+
+
+def _repeated_id(rows: list[dict[str, Any]]) -> None:
+    """Name the first message whose id an earlier one of the batch has (each id is one message)."""
+    seen: dict[Any, int] = {}
+    for index, row in enumerate(rows):
+        first = seen.setdefault(row["id"], index)
+        if first != index:
+            raise ValidationError(f"messages[{index}].id: {row['id']} is messages[{first}]'s id too")
 
 
 def count_tokens(counter: TokenCounter, rows: list[dict[str, Any]]) -> None:

@@ -198,9 +198,15 @@ class MessageQueries(Repository):
         """The messages to send a model: the system message plus the newest that fit `max_tokens`.
 
         Chronological.  The system message's tokens count against the budget
-        (with `pinned_system=False` it is an ordinary message).  The window
+        (with `pinned_system=False` it is an ordinary message).  A pinned
+        system message is never dropped: when it alone needs more than
+        `max_tokens`, it comes back by itself, over the budget.  The window
         never starts with a `tool` answer whose call was cut off.  The cut is
         found in SQL (a running sum of `token_count`); only the kept rows are read.
+
+        The system message is the session's first message when its role is
+        `system`; an agent's `system` prompt is not one (see
+        [`replace_system`][memorm.repositories.MessageRepository.replace_system]).
         """
         key = as_uuid(session_id, "session_id")
         # A budget in token_count's unit, and as wide: Postgres compares it as a 32-bit integer.

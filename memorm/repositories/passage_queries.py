@@ -46,6 +46,7 @@ _COLUMNS = tuple(column.name for column in _FIELDS)
 _PRECISIONS = ("float32", "float16")
 _ITEM_FIELDS = frozenset(("text", "embedding", "meta", "embedding_model", "id", "created_at"))
 RRF_K = 60  # reciprocal rank fusion's damping constant (Cormack et al.)
+_MODELS_NAMED = 10  # an unknown model's error names at most this many of the agent's
 
 PassageInput = ArchivalPassage | Mapping[str, Any]
 
@@ -136,9 +137,9 @@ class PassageQueries(Repository):
     ) -> builtins.list[ArchivalPassage]:
         """The passages with these ids, in the order given; unknown ids are left out.
 
-        Ids are unique per agent: with `agent_id`, only that agent's passages
-        (and on a distributed database, one shard); without it, any agent's
-        of the tenant.
+        An id names one passage of the tenant: with `agent_id`, only that
+        agent's are returned (and on a distributed database, one shard is
+        asked); without it, any agent's of the tenant.
         """
         wanted = [as_uuid(passage_id, "ids[]") for passage_id in check_list(ids, "ids", "passage ids")]
         owner = None if agent_id is None else as_uuid(agent_id, "agent_id")
@@ -192,13 +193,25 @@ class PassageQueries(Repository):
             k: how many passages at most.
             embedding_model: only passages of this model are compared.
             metric: `"cosine"`, `"l2"` or `"inner_product"`.
-            where: filters on `meta` and `created_at`, applied in SQL before
-                the limit, so a filtered search still returns `k` hits when
-                `k` exist.
+            where: a [`Filter`][memorm.search.filters.Filter] on `meta` and
+                `created_at`, applied in SQL before the limit, so a filtered
+                search still returns `k` hits when `k` exist.
             offset: how many of the nearest passages to skip.
             ef_search: on Postgres, the HNSW index's candidates per query;
                 None is the connection's (40, unless its `server_settings`
                 say otherwise).  Another value costs one statement more.
+
+        Returns:
+            Up to `k` hits; an empty list when none is near enough to be
+            found, or the agent has no passages at all.
+
+        Raises:
+            NotFoundError: the agent does not exist (in this tenant).
+            ValidationError: bad arguments; an `embedding` whose length is
+                not the model's dimension; or an `embedding_model` the agent
+                does not have while it has others (the message names them:
+                a search without `embedding_model=` looks under
+                `"default"`).
         """
         key = as_uuid(agent_id, "agent_id")
         vector = check_vector(embedding)
@@ -218,14 +231,14 @@ class PassageQueries(Repository):
         if model is None or model.dim != len(vector):
             model, known = await self._lookup(key, name), True
         if model is None:
-            await self._require_agent(key)
+            await self._no_model(key, name)
             return []
         hits = await self._nearest(key, model, vector, chosen, conditions, k, offset, ef_search)
         if not hits and not known:
             self.cache.models.drop(self._owner, key, name)
             fresh = await self._lookup(key, name)
             if fresh is None:
-                await self._require_agent(key)
+                await self._no_model(key, name)
                 return []
             if (fresh.id, fresh.dim, fresh.precision) != (model.id, model.dim, model.precision):
                 hits = await self._nearest(key, fresh, vector, chosen, conditions, k, offset, ef_search)
@@ -311,7 +324,8 @@ class PassageQueries(Repository):
             k: how many passages at most.
             embedding_model: both sides search only passages of this model.
             metric: the vector side's metric, as in `search`.
-            where: filters on `meta` and `created_at`, for both sides.
+            where: a [`Filter`][memorm.search.filters.Filter] on `meta` and
+                `created_at`, for both sides.
             candidates: each side contributes its best `candidates` (default
                 `4 * k`, at most 1000).
         """
@@ -340,6 +354,35 @@ class PassageQueries(Repository):
         return [ScoredPassage(found[i], distance.get(i), score) for i, score in ranked]
 
     # -- helpers ------------------------------------------------------------
+
+    async def _no_model(self, key: uuid.UUID, name: str) -> None:
+        """The agent has no model `name`: fine (nothing to find) if it has none at all.
+
+        An agent with models of other names gets a `ValidationError` naming
+        them: an empty answer would read as "no passage is near", when the
+        search looked in the wrong place (a search without
+        `embedding_model=` looks under `"default"`).
+        """
+        names = list(
+            (
+                await self._execute(
+                    sa.select(EMBEDDING_MODELS.c.name)
+                    .where(*self._own(EMBEDDING_MODELS), EMBEDDING_MODELS.c.agent_id == key)
+                    .order_by(EMBEDDING_MODELS.c.name)
+                    .limit(_MODELS_NAMED + 1)
+                )
+            ).scalars()
+        )
+        if not names:  # a model belongs to its agent: none may mean no agent
+            await self._require_agent(key)
+            return
+        listed = ", ".join(repr(found) for found in names[:_MODELS_NAMED])
+        if len(names) > _MODELS_NAMED:
+            listed += ", …"
+        raise ValidationError(
+            f"embedding_model: agent {key} has no embedding model {name!r}; its models are {listed}: "
+            "pass one as embedding_model="
+        )
 
     def _guard(self) -> Any:
         from memorm.translate import guarded

@@ -23,6 +23,7 @@ from memorm.driver import insert_rows
 from memorm.errors import ConflictError, NotFoundError, ValidationError
 from memorm.ids import uuid7
 from memorm.models import AGENTS, PASSAGES, ArchivalPassage, EmbeddingModel, hydrate
+from memorm.repositories.id_claims import chose_id, refuse_held
 from memorm.repositories.passage_queries import (
     _COLUMNS,
     _ITEM_FIELDS,
@@ -168,7 +169,9 @@ class PassageRepository(PassageQueries):
         """Store many passages in one bulk insert (COPY on Postgres); all or nothing.
 
         Items are dicts (`text`, `embedding`, optional `embedding_model`,
-        `meta`, `id`, `created_at`) or `ArchivalPassage` objects.
+        `meta`, `id`, `created_at`) or `ArchivalPassage` objects.  An id
+        names one passage of the tenant: one that a passage of any agent
+        has raises `ConflictError` before anything is written.
         """
         key = as_uuid(agent_id, "agent_id")
         given = check_list(items, "items", "passages (dicts or ArchivalPassage objects)")
@@ -190,6 +193,8 @@ class PassageRepository(PassageQueries):
                 raise ValidationError(f"embedding: model {name!r} stores {known.dim}-d vectors, got {dim}")
             if known is not None and known.precision == "float16":
                 _check_half([row["embedding"] for row in rows if row["embedding_model"] == name])
+        chosen = [row["id"] for item, row in zip(given, rows, strict=True) if chose_id(item)]
+        await refuse_held(self.link, PASSAGES, self._owner, chosen)
         await self._touch_agent(key)
         half: set[str] = set()  # the models that store half precision
         for name, dim in shapes.items():
@@ -246,7 +251,7 @@ class PassageRepository(PassageQueries):
         await self._execute(sa.delete(PASSAGES).where(PASSAGES.c.id == key, *self._own(PASSAGES)))
 
     async def delete_where(self, agent_id: uuid.UUID | str, where: Filter) -> int:
-        """Delete the agent's passages matching `where` (see `memorm.search.filters`).
+        """Delete the agent's passages matching `where`, a [`Filter`][memorm.search.filters.Filter].
 
         Returns how many were deleted.
         """

@@ -46,8 +46,9 @@ async def upsert(
             return
         except ConflictError:
             # A concurrent add of the same id committed after our delete: replace
-            # it on the next attempt.  (Ids are unique per agent: another agent's
-            # passage under the same id is no conflict.)
+            # it on the next attempt.  (A passage id names one passage of the
+            # tenant: another agent's under the id stays, and the last attempt
+            # raises the conflict.)
             if attempt == UPSERT_ATTEMPTS - 1:
                 raise
 

@@ -43,7 +43,8 @@ class MemormVectorStore(VectorSearch):
         metric: `"cosine"` (default), `"l2"` or `"inner_product"`.
 
     Document ids are strings.  A canonical UUID string is the passage id
-    itself; any other string maps to a UUID derived from the agent and the id,
+    itself (which names one passage of the tenant: another agent's store
+    refuses it, `ConflictError`); any other string maps to a UUID derived from the agent and the id,
     and is kept in the passage's `meta["_langchain_id"]`, so `Document.id`
     reads back exactly.  Adding a document under an existing id replaces its
     text, metadata and embedding.  `Document.metadata` is the passage's
