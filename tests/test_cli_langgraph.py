@@ -10,6 +10,7 @@ in a throwaway database, and goes through the same ``copy_checkpoints``.
 from __future__ import annotations
 
 import operator
+import re
 import sqlite3
 import sys
 import uuid
@@ -24,11 +25,13 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
+from pydantic import BaseModel
 from typing_extensions import TypedDict
 
 from memorm import Database
 from memorm.cli.langgraph_source import POSTGRES_PACKAGES
-from memorm.compat.langgraph import MemormSaver
+from memorm.compat.langgraph import MemormSaver, copy_checkpoints
+from memorm.errors import UnsafeValueError
 
 
 class State(TypedDict):
@@ -365,3 +368,141 @@ def test_import_langgraph_copies_a_langgraph_postgres_database(
         "into agent 'mover' of tenant 'default'\n"
     )
     assert _listed_in_memorm(target) == expected
+
+
+def _mkdir(path: Path) -> bytes:
+    """A value LangGraph's default reader loads by calling os.mkdir(path)."""
+    import ormsgpack
+
+    return ormsgpack.packb(ormsgpack.Ext(0, ormsgpack.packb(("os", "mkdir", str(path)))))
+
+
+NO_GRAPH_ROWS = {"graph_checkpoints": 0, "graph_writes": 0, "graph_blobs": 0}
+
+
+@pytest.mark.parametrize(("table", "column"), [("checkpoints", "checkpoint"), ("writes", "value")])
+def test_import_langgraph_refuses_a_value_naming_a_callable_by_row_and_writes_nothing(
+    source: Path, target: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], table: str, column: str
+) -> None:
+    made = tmp_path / "made"
+    with sqlite3.connect(source) as connection:  # what anyone who can write the file can do
+        rowid, thread, checkpoint = connection.execute(
+            f"SELECT rowid, thread_id, checkpoint_id FROM {table} ORDER BY rowid DESC LIMIT 1"
+        ).fetchone()
+        connection.execute(
+            f"UPDATE {table} SET type = 'msgpack', {column} = ? WHERE rowid = ?",
+            (_mkdir(made), rowid),
+        )
+    code, out, err = memorm(capsys, "import-langgraph", str(source), "--agent", "mover", "--url", target)
+    assert (code, out) == (1, "")
+    row = rf"{table} row \(thread_id '{thread}', checkpoint_ns '', checkpoint_id '{checkpoint}'[^)]*\)"
+    assert re.fullmatch(
+        rf"memorm: error: {re.escape(str(source))}: {row}: it names os\.mkdir, neither a type LangGraph's "
+        r"graphs store nor one allowed, so memorm will not call it \(.*--allow-type MODULE\.NAME.*\)\n",
+        err,
+    ), err
+    assert not made.exists()
+    assert _graph_rows(target) == NO_GRAPH_ROWS
+
+
+class Memo(BaseModel):
+    """A type of the graph's own."""
+
+    text: str
+
+
+class MemoState(TypedDict):
+    memos: Annotated[list[Memo], operator.add]
+
+
+def _memo(state: MemoState) -> dict[str, Any]:
+    return {"memos": [Memo(text="hi")]}
+
+
+def test_import_langgraph_admits_a_graphs_own_type_given_with_allow_type(
+    tmp_path: Path, target: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    builder = StateGraph(MemoState)
+    builder.add_node("memo", _memo)
+    builder.add_edge(START, "memo")
+    path = tmp_path / "memos.db"
+    with SqliteSaver.from_conn_string(str(path)) as saver:
+        builder.compile(checkpointer=saver).invoke({"memos": []}, {"configurable": {"thread_id": "m"}})
+    argv = ["import-langgraph", str(path), "--agent", "mover", "--url", target]
+    code, out, err = memorm(capsys, *argv)
+    assert (code, out) == (1, "")
+    assert f"it names {Memo.__module__}.Memo, neither a type" in err, err
+    assert _graph_rows(target) == NO_GRAPH_ROWS
+    code, out, err = memorm(capsys, *argv, "--allow-type", f"{Memo.__module__}.Memo")
+    assert (code, err) == (0, "")
+
+    async def memos() -> list[Memo]:
+        async with Database(target) as db:
+            async with db.unit_of_work(read_only=True) as uow:
+                agent = await uow.agents.get_by_name("mover")
+            assert agent is not None
+            saver = MemormSaver(db, agent=agent.id, allowed_types=[Memo])
+            state = await builder.compile(checkpointer=saver).aget_state({"configurable": {"thread_id": "m"}})
+            return list(state.values["memos"])
+
+    assert run(memos()) == [Memo(text="hi")]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("engine", ["sqlite"], indirect=True)
+def test_import_langgraph_refuses_a_postgres_sources_value_naming_a_callable(
+    target: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncpg
+    from langgraph.checkpoint.postgres import PostgresSaver
+
+    made = tmp_path / "made"
+    with throwaway_postgres("memorm_lg") as url:
+        plain = url.replace("postgresql+asyncpg://", "postgresql://")
+        with PostgresSaver.from_conn_string(plain) as saver:
+            saver.setup()
+            _graph(ask=False).compile(checkpointer=saver).invoke(
+                {"steps": [], "count": 1}, {"configurable": {"thread_id": "finished"}}
+            )
+
+        async def craft() -> None:
+            connection = await asyncpg.connect(plain)
+            try:
+                await connection.execute(
+                    "UPDATE checkpoint_blobs SET type = 'msgpack', blob = $1 WHERE channel = 'steps'",
+                    _mkdir(made),
+                )
+            finally:
+                await connection.close()
+
+        run(craft())
+        code, out, err = memorm(capsys, "import-langgraph", plain, "--agent", "mover", "--url", target)
+    assert (code, out) == (1, "")
+    assert re.fullmatch(
+        r"memorm: error: postgresql://\S+: checkpoint_blobs row \(thread_id 'finished', checkpoint_ns '', "
+        r"channel 'steps', version '[^']+'\): it names os\.mkdir, .*\n",
+        err,
+    ), err
+    assert not made.exists()
+    assert _graph_rows(target) == NO_GRAPH_ROWS
+
+
+def test_copy_checkpoints_reads_langgraphs_saver_strictly(source: Path, target: str, tmp_path: Path) -> None:
+    made = tmp_path / "made"
+    with sqlite3.connect(source) as connection:
+        connection.execute(
+            "UPDATE writes SET type = 'msgpack', value = ? WHERE rowid = (SELECT max(rowid) FROM writes)",
+            (_mkdir(made),),
+        )
+
+    async def copy() -> None:
+        async with AsyncSqliteSaver.from_conn_string(str(source)) as theirs, Database(target) as db:
+            async with db.unit_of_work(read_only=True) as uow:
+                agent = await uow.agents.get_by_name("mover")
+            assert agent is not None
+            assert "JsonPlusSerializer" in type(theirs.serde).__name__  # LangGraph's, which would call it
+            await copy_checkpoints(theirs, MemormSaver(db, agent=agent.id))
+
+    with pytest.raises(UnsafeValueError, match=r"it names os\.mkdir, neither a type"):
+        run(copy())
+    assert not made.exists()

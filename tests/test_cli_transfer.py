@@ -407,7 +407,7 @@ def test_an_export_from_an_older_revision_imports_with_the_new_columns_empty(
     assert dump(destination) == dump(source)  # the columns it lacked are NULL on both sides
 
     # At the head revision every column must be there: a missing one is an error, not a NULL.
-    assert main(["export", source, str(file)]) == 0
+    assert main(["export", "--force", source, str(file)]) == 0
     _rewrite_rows(file, head_revision(), {"sessions": {"title"}})
     fresh = f"sqlite:///{tmp_path / 'c.db'}"
     assert main(["db", "upgrade", "--url", fresh]) == 0

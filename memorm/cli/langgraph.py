@@ -4,8 +4,9 @@ SOURCE is what langgraph-checkpoint-sqlite (a file) or -postgres (a URL)
 wrote; `memorm.cli.langgraph_source` checks and opens it read-only, and
 [`copy_checkpoints`][memorm.compat.langgraph.copy_checkpoints] stores each
 thread as a session of the agent, in the tenant given, with a progress bar
-per kind of row.  Everything that can be refused (the source, the target's
-schema, the agent) is, before the first write.
+per kind of row.  Everything that can be refused (the source, a value in
+it naming a callable not allowed, the target's schema, the agent) is,
+before the first write.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from memorm.cli.graph_types import add_allow_type_option
 from memorm.cli.scope import tenant_name
 
 if TYPE_CHECKING:
@@ -60,7 +62,10 @@ async def _import_langgraph(args: argparse.Namespace) -> int:
 
     tenant = args.tenant or "default"
     # The source first: a file that is not LangGraph's touches no memorm database.
-    async with open_source(args.source) as (source, counts), open_database(args.url) as db:
+    async with (
+        open_source(args.source, allowed_types=args.allow_type) as (source, counts),
+        open_database(args.url) as db,
+    ):
         await db.check_schema()
         view = db.for_tenant(tenant)
         agent = await _agent(view, args.agent, tenant, create=args.create)
@@ -98,4 +103,5 @@ def register(commands: Any) -> None:
         "--tenant", type=tenant_name, metavar="NAME", help="the agent's tenant (default: 'default')"
     )
     command.add_argument("--url", help="memorm's database URL")
+    add_allow_type_option(command)
     command.set_defaults(handler=_import_langgraph)

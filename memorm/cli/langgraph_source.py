@@ -13,15 +13,19 @@ async with open_source("checkpoints.db") as (saver, counts):
 Before any saver is made, the location is checked: a missing file, a file
 that is no SQLite database, or a database without LangGraph's checkpoint
 tables each raise one `MemormError` naming it, and nothing is created or
-written (a SQLite file is opened read-only).  The savers are LangGraph's
-(`AsyncSqliteSaver`; `AsyncPostgresSaver`, whose package and `psycopg` the
-user installs), so memorm reads their rows the way they wrote them.
+written (a SQLite file is opened read-only).  Then every stored value is
+read without being built (`memorm.graph_values`): one naming a callable that
+is neither a type LangGraph's graphs store nor one of `allowed_types`
+raises `UnsafeValueError` naming its row, before anything is copied.  The
+savers are LangGraph's (`AsyncSqliteSaver`; `AsyncPostgresSaver`, whose
+package and `psycopg` the user installs), so memorm reads their rows the way
+they wrote them, through memorm's `StrictSerializer`.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,20 +35,32 @@ import anyio.to_thread
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from memorm.errors import DatabaseError, MemormError, ValidationError
+from memorm import graph_values
+from memorm.errors import DatabaseError, MemormError, UnsafeValueError, ValidationError
+from memorm.graph_values import AllowedType, check_value
 
 __all__ = ["SourceCounts", "open_source"]
 
+# The serialized values LangGraph's savers keep: the columns naming a row, then the value's
+# type and bytes.  (The Postgres saver keeps checkpoints as jsonb, which it reads as plain JSON.)
+_SQLITE_VALUES = {
+    "checkpoints": ("thread_id", "checkpoint_ns", "checkpoint_id", "type", "checkpoint"),
+    "writes": ("thread_id", "checkpoint_ns", "checkpoint_id", "task_id", "idx", "channel", "type", "value"),
+}
+_POSTGRES_VALUES = {
+    "checkpoint_writes": (*_SQLITE_VALUES["writes"][:-1], "blob"),
+    "checkpoint_blobs": ("thread_id", "checkpoint_ns", "channel", "version", "type", "blob"),
+}
 # The tables (and the columns memorm relies on) each LangGraph saver creates.
 _SQLITE_TABLES = {
-    "checkpoints": {"thread_id", "checkpoint_ns", "checkpoint_id", "parent_checkpoint_id", "checkpoint"},
-    "writes": {"thread_id", "checkpoint_ns", "checkpoint_id", "task_id", "idx", "channel", "value"},
+    "checkpoints": {"parent_checkpoint_id", *_SQLITE_VALUES["checkpoints"]},
+    "writes": set(_SQLITE_VALUES["writes"]),
 }
 _POSTGRES_TABLES = {
     "checkpoints": {"thread_id", "checkpoint_ns", "checkpoint_id", "parent_checkpoint_id", "checkpoint"},
-    "checkpoint_writes": {"thread_id", "checkpoint_ns", "checkpoint_id", "task_id", "idx", "channel"},
-    "checkpoint_blobs": {"thread_id", "checkpoint_ns", "channel", "version", "blob"},
+    **{table: set(columns) for table, columns in _POSTGRES_VALUES.items()},
 }
+Allowed = frozenset[tuple[str, str]]
 SQLITE_PACKAGE = "pip install langgraph-checkpoint-sqlite"
 POSTGRES_PACKAGES = 'pip install langgraph-checkpoint-postgres "psycopg[binary]"'
 
@@ -94,8 +110,23 @@ def _not_langgraph(where: object, kind: str, missing: list[str]) -> ValidationEr
     )
 
 
-def _check_sqlite(path: Path) -> SourceCounts:
-    """The counts of a langgraph-checkpoint-sqlite file, after checking it is one (read-only)."""
+def _check_value(where: object, table: str, columns: tuple[str, ...], row: Any, allowed: Allowed) -> None:
+    """Refuse a source row whose value names a callable not allowed, naming the row."""
+    *key, kind, value = tuple(row)
+    try:
+        check_value(kind, value, allowed)
+    except ValidationError as error:
+        named = ", ".join(f"{name} {part!r}" for name, part in zip(columns, key, strict=False))
+        refused = UnsafeValueError if isinstance(error, UnsafeValueError) else ValidationError
+        raise refused(f"{where}: {table} row ({named}): {error}") from None
+
+
+def _select(table: str, columns: tuple[str, ...]) -> str:
+    return f"SELECT {', '.join(columns)} FROM {table}"  # noqa: S608 (names from the constants above)
+
+
+def _check_sqlite(path: Path, allowed: Allowed) -> SourceCounts:
+    """The counts of a langgraph-checkpoint-sqlite file, once it and its values are checked (read-only)."""
     if not path.is_file():
         raise DatabaseError(f"no LangGraph SQLite database at {path}: no such file")
     try:
@@ -112,13 +143,16 @@ def _check_sqlite(path: Path) -> SourceCounts:
                 "SELECT count(DISTINCT thread_id), count(*) FROM checkpoints"
             ).fetchone()
             (writes,) = connection.execute("SELECT count(*) FROM writes").fetchone()
+            for table, names in _SQLITE_VALUES.items():
+                for row in connection.execute(_select(table, names)):
+                    _check_value(path, table, names, row, allowed)
     except sqlite3.DatabaseError as error:  # "file is not a database" and the like
         raise DatabaseError(f"{path} cannot be read as a SQLite database: {error}") from error
     return SourceCounts(int(threads), int(checkpoints), int(writes))
 
 
-async def _check_postgres(dsn: str, shown: str) -> SourceCounts:
-    """The counts of a langgraph-checkpoint-postgres database, after checking it is one."""
+async def _check_postgres(dsn: str, shown: str, allowed: Allowed) -> SourceCounts:
+    """The counts of a langgraph-checkpoint-postgres database, after checking it is one and its values."""
     import asyncpg  # memorm's own Postgres driver: the check needs no psycopg
 
     from memorm.cli.reach import unreachable
@@ -143,6 +177,10 @@ async def _check_postgres(dsn: str, shown: str) -> SourceCounts:
             "SELECT count(DISTINCT thread_id) AS threads, count(*) AS checkpoints FROM checkpoints"
         )
         writes = await connection.fetchval("SELECT count(*) FROM checkpoint_writes")
+        async with connection.transaction(readonly=True):  # a cursor lives in a transaction
+            for table, names in _POSTGRES_VALUES.items():
+                async for row in connection.cursor(_select(table, names)):
+                    _check_value(shown, table, names, row, allowed)
     except MemormError:
         raise
     except Exception as error:
@@ -153,24 +191,31 @@ async def _check_postgres(dsn: str, shown: str) -> SourceCounts:
 
 
 @asynccontextmanager
-async def open_source(location: str) -> AsyncIterator[tuple[Any, SourceCounts]]:
+async def open_source(
+    location: str, *, allowed_types: Iterable[AllowedType] | None = None
+) -> AsyncIterator[tuple[Any, SourceCounts]]:
     """LangGraph's saver over the checkpoint database at `location`, and what it holds.
 
     Args:
         location: a langgraph-checkpoint-sqlite file (a path, or a
             `sqlite:///` URL), or a langgraph-checkpoint-postgres database (a
             `postgresql://` URL; any `+driver` is dropped).
+        allowed_types: your own types that the graphs' state holds, as
+            `MemormSaver` takes them.
 
     Raises:
         DatabaseError: the file is missing or unreadable, or the server unreachable.
         ValidationError: the database holds no LangGraph checkpoint tables, or
             reading Postgres needs packages that are not installed.
+        UnsafeValueError: a value names a callable that is not allowed (the
+            message names its row).
     """
     if not isinstance(location, str) or not location:
         raise ValidationError("source: expected a file path or a database URL")
+    allowed = graph_values.allowed_types(allowed_types)
     if not _is_postgres(location):
         path = _sqlite_path(location)
-        counts = await anyio.to_thread.run_sync(_check_sqlite, path)
+        counts = await anyio.to_thread.run_sync(_check_sqlite, path, allowed)
         import aiosqlite
 
         try:
@@ -180,9 +225,11 @@ async def open_source(location: str) -> AsyncIterator[tuple[Any, SourceCounts]]:
                 f"reading a langgraph-checkpoint-sqlite file takes LangGraph's SQLite saver: {SQLITE_PACKAGE}"
             ) from error
 
+        from memorm.compat.langgraph_serde import StrictSerializer
+
         connection = await aiosqlite.connect(f"{path.as_uri()}?mode=ro", uri=True)
         try:
-            yield AsyncSqliteSaver(connection), counts
+            yield AsyncSqliteSaver(connection, serde=StrictSerializer(allowed_types=allowed)), counts
         finally:
             await connection.close()
         return
@@ -191,7 +238,7 @@ async def open_source(location: str) -> AsyncIterator[tuple[Any, SourceCounts]]:
     except ArgumentError as error:
         raise ValidationError(f"source: {location!r} is not a database URL") from error
     dsn, shown = url.render_as_string(hide_password=False), url.render_as_string(hide_password=True)
-    counts = await _check_postgres(dsn, shown)
+    counts = await _check_postgres(dsn, shown, allowed)
     try:
         from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
     except ImportError as error:
@@ -199,5 +246,8 @@ async def open_source(location: str) -> AsyncIterator[tuple[Any, SourceCounts]]:
             f"reading a langgraph-checkpoint-postgres database takes LangGraph's Postgres saver: "
             f"{POSTGRES_PACKAGES}"
         ) from error
-    async with AsyncPostgresSaver.from_conn_string(dsn) as saver:  # pragma: no cover (not installed here)
+    from memorm.compat.langgraph_serde import StrictSerializer
+
+    serde = StrictSerializer(allowed_types=allowed)
+    async with AsyncPostgresSaver.from_conn_string(dsn, serde=serde) as saver:  # pragma: no cover
         yield saver, counts

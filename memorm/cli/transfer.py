@@ -4,8 +4,10 @@ The logic lives in `memorm.transfer`; this module parses arguments,
 draws progress with rich (on stderr, and only on a terminal) and prints a
 summary.  A failed verification prints the tables that differ and exits 1.
 The databases read must exist; the destination of `copy` and the target of
-`import` are created (SQLite) and migrated when empty (see
-`memorm.transfer.target.prepare_destination`).
+`import` are created (SQLite) and migrated when empty, once everything else
+is checked: one refused is left as it was (see `memorm.transfer.target`).
+`export` writes a new file (`--force` replaces a regular one; see
+`memorm.transfer.files`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import argparse
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from memorm.cli.graph_types import add_allow_type_option
 
 if TYPE_CHECKING:
     from memorm.transfer.copy import CopyReport
@@ -96,7 +100,12 @@ async def _export(args: argparse.Namespace) -> int:
     async with open_database(args.url) as db:
         with progress_bar() as progress:
             written = await export_jsonl(
-                db, args.file, tenant=tenant, batch_size=args.batch_size, reporter=Bars(progress)
+                db,
+                args.file,
+                tenant=tenant,
+                batch_size=args.batch_size,
+                reporter=Bars(progress),
+                overwrite=args.force,
             )
     _summary("exported", written, {})
     return 0
@@ -116,7 +125,12 @@ async def _import(args: argparse.Namespace) -> int:
     async with open_database(args.url, create=True) as db:
         with progress_bar() as progress:
             report = await import_jsonl(
-                db, args.file, tenant=tenant, batch_size=args.batch_size, reporter=Bars(progress)
+                db,
+                args.file,
+                tenant=tenant,
+                batch_size=args.batch_size,
+                reporter=Bars(progress),
+                allowed_types=args.allow_type,
             )
     _summary("imported", report.inserted, report.skipped)
     _analyzed(report.analyzed)
@@ -146,13 +160,17 @@ def register(commands: Any) -> None:
     copy.set_defaults(handler=_copy)
     export = commands.add_parser("export", help="write a database to a JSON Lines file (.gz compresses)")
     export.add_argument("url", metavar="URL", help="database to read")
-    export.add_argument("file", metavar="FILE", help="file to write")
+    export.add_argument("file", metavar="FILE", help="file to write (a new one, unless --force)")
+    export.add_argument(
+        "--force", action="store_true", help="replace FILE if it exists (a regular file: nothing else)"
+    )
     export.set_defaults(handler=_export)
     import_ = commands.add_parser("import", help="load a JSON Lines export (skips rows already there)")
     import_.add_argument(
         "url", metavar="URL", help="database to write (migrated to head if it is empty; else at head)"
     )
     import_.add_argument("file", metavar="FILE", help="export to read")
+    add_allow_type_option(import_)
     import_.set_defaults(handler=_import)
     for command, what in ((copy, "copy"), (export, "export"), (import_, "import")):
         command.add_argument(

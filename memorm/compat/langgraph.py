@@ -15,9 +15,10 @@ A LangGraph thread is a memorm session of the saver's agent: the thread id
 is the session's key (`uow.sessions.get_or_create(agent, thread_id)`), made
 by the first checkpoint.  So deleting the session (or its agent), its
 expiry (`ttl`, `purge_expired`), and its tenant (`db.for_tenant`) cover the
-graph's state too.  Values are serialized by LangGraph's own serializer
-(`self.serde`, msgpack; a serializer with a pickle fallback is refused), and
-stored as memorm sees them: opaque bytes.
+graph's state too.  Values are serialized by LangGraph's serializer, held by
+memorm to build only the types LangGraph's graphs store and those allowed
+(`StrictSerializer`: no code from data), and stored as memorm sees them:
+opaque bytes.
 
 Its long-term store, [`MemormStore`][memorm.compat.langgraph_store.MemormStore]
 (LangGraph's `BaseStore`), is importable from here too.
@@ -30,35 +31,49 @@ from __future__ import annotations
 import builtins
 import random
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
 import anyio
-from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import (
-    WRITES_IDX_MAP,
-    BaseCheckpointSaver,
-    ChannelVersions,
-    Checkpoint,
-    CheckpointMetadata,
-    CheckpointTuple,
-    get_serializable_checkpoint_metadata,
-)
-from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from memorm.compat._extras import missing_extra
+
+try:
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.checkpoint.base import (
+        WRITES_IDX_MAP,
+        BaseCheckpointSaver,
+        ChannelVersions,
+        Checkpoint,
+        CheckpointMetadata,
+        CheckpointTuple,
+        get_serializable_checkpoint_metadata,
+    )
+    from langgraph.checkpoint.serde.base import SerializerProtocol
+except ImportError as error:
+    raise missing_extra(__name__, "langgraph", error) from error
 
 from memorm.compat._sync import BlockingCallError, blocking_flag, run_off_loop
+from memorm.compat.langgraph_serde import StrictSerializer, check_serde, reading_strictly
 from memorm.compat.langgraph_store import MemormStore
 from memorm.db import Database
-from memorm.errors import DatabaseError, NotFoundError, ValidationError
+from memorm.errors import DatabaseError, NotFoundError, UnsafeValueError, ValidationError
+from memorm.graph_values import AllowedType
 from memorm.models import Agent
 from memorm.progress import Reporter, Silent
-from memorm.repositories.checkpoints import CheckpointKey, StoredCheckpoint, StoredWrite, Value
+from memorm.repositories.checkpoints import (
+    CheckpointKey,
+    StoredCheckpoint,
+    StoredWrite,
+    Value,
+    check_state_key,
+)
 from memorm.search.filters import check_json_keys
 from memorm.uow import UnitOfWork
-from memorm.validation import MAX_COUNT, as_uuid, check_duration, check_int, check_name
+from memorm.validation import MAX_COUNT, as_uuid, check_duration, check_int, check_name, check_text, shown
 
-__all__ = ["PAGE", "BlockingCallError", "MemormSaver", "MemormStore", "copy_checkpoints"]
+__all__ = ["PAGE", "BlockingCallError", "MemormSaver", "MemormStore", "StrictSerializer", "copy_checkpoints"]
 
 PAGE = 100
 """Checkpoints read per query when listing."""
@@ -91,10 +106,12 @@ class _Thread:
         ns = configurable.get("checkpoint_ns", "")
         if not isinstance(ns, str):
             raise ValidationError(f"{field}: configurable.checkpoint_ns must be a string")
-        self.ns: str = ns
+        self.ns: str = check_state_key(ns, f"{field}: configurable.checkpoint_ns")
         checkpoint = configurable.get("checkpoint_id")
         if checkpoint is not None and not isinstance(checkpoint, str):
             raise ValidationError(f"{field}: configurable.checkpoint_id must be a string")
+        if checkpoint:
+            check_state_key(checkpoint, f"{field}: configurable.checkpoint_id")
         self.checkpoint_id: str | None = checkpoint or None
 
     def config(self, checkpoint_id: str) -> RunnableConfig:
@@ -128,8 +145,17 @@ class MemormSaver(BaseCheckpointSaver[str]):
             connection: each call is one unit of work.
         agent: the memorm agent (or its id) whose sessions the threads are.
             One saver serves one agent; make one per agent (they are cheap).
-        serde: LangGraph's serializer (default: `JsonPlusSerializer`, msgpack).
-            One with a pickle fallback is refused: memorm stores no pickle.
+        serde: the serializer (default: `StrictSerializer(allowed_types=...)`,
+            LangGraph's msgpack, building only the types LangGraph's graphs
+            store and `allowed_types`).  One that would run code from data
+            is refused: a pickle fallback, or a `JsonPlusSerializer` that
+            allows every type (LangGraph's default); give yours a
+            `StrictSerializer` (e.g. inside an `EncryptedSerializer`).
+        allowed_types: your own types in the graph's state (pydantic models,
+            dataclasses, enums, named tuples): classes, `(module, name)`
+            pairs or `"module.Name"`.  A stored value naming any other
+            callable is refused when loaded (`UnsafeValueError`), never
+            called.  With `serde`, give them to that serializer instead.
         ttl: a `timedelta` or seconds: every checkpoint moves the thread's
             session expiry to `ttl` from then, so a thread idle that long is
             deleted, with its state, by the next `purge_expired`.  Without
@@ -145,7 +171,11 @@ class MemormSaver(BaseCheckpointSaver[str]):
     `aprune`, and the sync methods, which run on memorm's sync loop (see
     `memorm.compat.langchain`), so a sync graph (`graph.invoke`) works
     from any thread that is not running an event loop.  Bad input raises `memorm.errors.ValidationError`; an
-    unknown agent `NotFoundError` on the first write.  `adelete_thread`
+    unknown agent `NotFoundError` on the first write.  A read that meets a
+    value naming a callable not allowed raises `memorm.errors.UnsafeValueError`
+    (a `ValidationError`) naming the value, its checkpoint and the callable,
+    and returns none of that checkpoint: a graph resumed without the value,
+    or with its raw arguments in place of the object, would run on wrong state.  `adelete_thread`
     deletes the graph's state and keeps the session (and any messages other
     code keeps in it); deleting the session deletes both.
 
@@ -163,15 +193,18 @@ class MemormSaver(BaseCheckpointSaver[str]):
         *,
         agent: Agent | uuid.UUID | str,
         serde: SerializerProtocol | None = None,
+        allowed_types: Iterable[AllowedType] | None = None,
         ttl: timedelta | float | None = None,
         allow_blocking: bool = False,
     ) -> None:
-        if getattr(serde, "pickle_fallback", False) or getattr(
-            getattr(serde, "serde", None), "pickle_fallback", False
-        ):
+        if serde is None:
+            serde = StrictSerializer(allowed_types=allowed_types)
+        elif allowed_types is not None:
             raise ValidationError(
-                "serde: a serializer with a pickle fallback is refused (memorm stores no pickle)"
+                "allowed_types: with serde, give them to that serializer: StrictSerializer(allowed_types=...)"
             )
+        else:
+            check_serde(serde)
         super().__init__(serde=serde)
         if not isinstance(db, Database):
             raise ValidationError(f"db: expected a memorm Database, got {type(db).__name__}")
@@ -189,8 +222,18 @@ class MemormSaver(BaseCheckpointSaver[str]):
         return f"MemormSaver(agent={self.agent_id})"
 
     def get_next_version(self, current: str | None, channel: None) -> str:
-        """The channel's next version: a counter, padded to sort as text, and a random tail."""
-        number = 0 if current is None else int(str(current).split(".")[0])
+        """The channel's next version: a counter, padded to sort as text, and a random tail.
+
+        Raises:
+            ValidationError: `current` is no version: neither None nor a
+                counter (an int, or text starting with one, as this returns).
+        """
+        try:
+            number = 0 if current is None else int(str(current).split(".")[0])
+        except ValueError:  # also an int of more digits than Python converts
+            raise ValidationError(
+                f"current: {shown(current, 60)} is not a channel version (a counter, then '.' and a tail)"
+            ) from None
         return f"{number + 1:032}.{random.random():016}"  # noqa: S311 (not a secret: ties between forks)
 
     # -- async ------------------------------------------------------------------
@@ -374,7 +417,7 @@ class MemormSaver(BaseCheckpointSaver[str]):
 
         `known`: one checkpoint's channel values, read with it (`find`).
         """
-        checkpoints = [self._load(stored.value, "a checkpoint") for stored in found]
+        checkpoints = [self._load(stored.value, _where(stored)) for stored in found]
         if known is not None and writes is not None and len(found) == 1:
             return [(found[0], checkpoints[0], known, writes[found[0].key])]
         if writes is None:
@@ -416,7 +459,7 @@ class MemormSaver(BaseCheckpointSaver[str]):
             for channel, version in (checkpoint.get("channel_versions") or {}).items():
                 value = blobs.get((channel, str(version)))
                 if value is not None and value[0] != _EMPTY:
-                    values[channel] = self._load(value, f"channel {channel!r}")
+                    values[channel] = self._load(value, f"channel {channel!r} of {_where(stored)}")
             config: RunnableConfig = {
                 "configurable": {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
             }
@@ -430,7 +473,8 @@ class MemormSaver(BaseCheckpointSaver[str]):
                     }
                 }
             pending = [
-                (w.task_id, w.channel, self._load(w.value, f"a write to {w.channel!r}")) for w in writes
+                (w.task_id, w.channel, self._load(w.value, f"a write to {w.channel!r} of {_where(stored)}"))
+                for w in writes
             ]
             full = cast(Checkpoint, {**checkpoint, "channel_values": values})
             tuples.append(
@@ -442,6 +486,8 @@ class MemormSaver(BaseCheckpointSaver[str]):
         kind, data = value
         try:
             return self.serde.loads_typed((kind, data or b""))
+        except UnsafeValueError as error:
+            raise UnsafeValueError(f"{what}: {error}") from None
         except Exception as error:  # the serializer's own errors, whichever they are
             raise DatabaseError(f"{what} stored as {kind!r} could not be read: {error}") from error
 
@@ -473,6 +519,10 @@ class MemormSaver(BaseCheckpointSaver[str]):
         versions = checkpoint.get("channel_versions") or {}
         if not isinstance(versions, Mapping) or not all(isinstance(channel, str) for channel in versions):
             raise ValidationError("checkpoint: channel_versions must map channel names to versions")
+        check_state_key(checkpoint["id"], "checkpoint: id")
+        for channel, version in (*versions.items(), *new_versions.items()):
+            check_state_key(channel, "checkpoint: a channel")
+            check_state_key(str(version), f"checkpoint: channel {channel!r}: version")
         bare = {**checkpoint, "channel_values": {}}
         meta = dict(get_serializable_checkpoint_metadata(config, metadata))
 
@@ -501,9 +551,10 @@ class MemormSaver(BaseCheckpointSaver[str]):
             raise ValidationError(
                 "config: writes belong to a checkpoint: configurable.checkpoint_id is missing"
             )
-        task = check_name(task_id, "task_id", blank=True)
+        task = check_name(check_state_key(task_id, "task_id"), "task_id", blank=True)
         if not isinstance(task_path, str):
             raise ValidationError("task_path: expected a string")
+        check_text(task_path, "task_path")
         items = list(writes) if isinstance(writes, Sequence) and not isinstance(writes, str) else None
         if items is None or any(not isinstance(w, (tuple, list)) or len(w) != 2 for w in items):
             raise ValidationError("writes: expected a list of (channel, value) pairs")
@@ -511,6 +562,7 @@ class MemormSaver(BaseCheckpointSaver[str]):
         for channel, _ in items:
             if not isinstance(channel, str):
                 raise ValidationError(f"writes: a channel is a string, got {type(channel).__name__}")
+            check_state_key(channel, "writes: a channel")
 
         def dump() -> builtins.list[StoredWrite]:
             return [
@@ -642,7 +694,7 @@ class MemormSaver(BaseCheckpointSaver[str]):
                     raise ValidationError(
                         f"thread {thread!r} uses a DeltaChannel: keep_latest would lose its history"
                     )
-                versions = (self._load(head.value, "a checkpoint").get("channel_versions") or {}).items()
+                versions = (self._load(head.value, _where(head)).get("channel_versions") or {}).items()
                 keep[head.key.checkpoint_ns] = (
                     head.key.checkpoint_id,
                     [(channel, str(version)) for channel, version in versions],
@@ -656,6 +708,7 @@ async def copy_checkpoints(
     config: RunnableConfig | None = None,
     *,
     reporter: Reporter | None = None,
+    allowed_types: Iterable[AllowedType] | None = None,
 ) -> int:
     """Copy the checkpoints (with their writes) of another LangGraph saver into a `MemormSaver`.
 
@@ -669,10 +722,17 @@ async def copy_checkpoints(
     checkpoint stored (`advance("checkpoints", 1)`) and of its pending
     writes (`advance("writes", n)`); the caller, who knows the totals,
     starts both tasks (`memorm import-langgraph` counts the source's rows).
+
+    The source is read through memorm's `StrictSerializer` in place of
+    LangGraph's serializer (a copy of `source`; yours, if it is not
+    LangGraph's, as it is): a value naming a callable that is neither a type
+    LangGraph's graphs store nor one of `allowed_types` raises
+    `UnsafeValueError` and stops the copy there, uncalled.  (`memorm
+    import-langgraph` checks every value before it copies any.)
     """
     report = reporter or Silent()
     copied = 0
-    async for item in source.alist(config):
+    async for item in reading_strictly(source, allowed_types).alist(config):
         where = dict(item.config["configurable"])
         parent = (item.parent_config or {}).get("configurable", {}).get("checkpoint_id")
         put_config: RunnableConfig = {"configurable": {**where, "checkpoint_id": parent}}
@@ -710,6 +770,12 @@ class _Listing:
         self.left = None if limit is None else check_int(limit, "limit", minimum=0, maximum=2**62)
         self.after: CheckpointKey | None = None
         self.done = self.left == 0
+
+
+def _where(stored: StoredCheckpoint) -> str:
+    """A checkpoint, as messages name it."""
+    ns = f", namespace {stored.key.checkpoint_ns!r}" if stored.key.checkpoint_ns else ""
+    return f"checkpoint {stored.key.checkpoint_id!r} of thread {stored.session_key!r}{ns}"
 
 
 def _run_ids(run_ids: object) -> list[str]:

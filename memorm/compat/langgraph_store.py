@@ -31,25 +31,31 @@ from datetime import datetime
 from typing import Any, cast
 
 import anyio
-from langchain_core.embeddings import Embeddings
-from langgraph.store.base import (
-    BaseStore,
-    GetOp,
-    IndexConfig,
-    InvalidNamespaceError,
-    Item,
-    ListNamespacesOp,
-    MatchCondition,
-    Op,
-    PutOp,
-    Result,
-    SearchItem,
-    SearchOp,
-    TTLConfig,
-    ensure_embeddings,
-    get_text_at_path,
-    tokenize_path,
-)
+
+from memorm.compat._extras import missing_extra
+
+try:
+    from langchain_core.embeddings import Embeddings
+    from langgraph.store.base import (
+        BaseStore,
+        GetOp,
+        IndexConfig,
+        InvalidNamespaceError,
+        Item,
+        ListNamespacesOp,
+        MatchCondition,
+        Op,
+        PutOp,
+        Result,
+        SearchItem,
+        SearchOp,
+        TTLConfig,
+        ensure_embeddings,
+        get_text_at_path,
+        tokenize_path,
+    )
+except ImportError as error:
+    raise missing_extra(__name__, "langgraph", error) from error
 
 from memorm.compat._sync import BRIDGE, blocking_flag, run_off_loop
 from memorm.concurrency import Merger, protect

@@ -20,15 +20,46 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql import ColumnElement
 
 from memorm.driver import Insert, fetch, insert_many, insert_rows
+from memorm.errors import ValidationError
 from memorm.models import CHECKPOINT_BLOBS, CHECKPOINT_TABLES, CHECKPOINT_WRITES, CHECKPOINTS, SESSIONS
 from memorm.repositories.base import Repository
 from memorm.search.filters import json_key_conditions
 from memorm.translate import check_writable, guarded
 from memorm.types import UUIDType, utcnow
 from memorm.types.json import json_pairs
-from memorm.validation import MAX_PAGE, as_uuid, check_int, check_json_object, check_name
+from memorm.validation import MAX_PAGE, as_uuid, check_int, check_json_object, check_name, check_text
 
-__all__ = ["CheckpointKey", "CheckpointRepository", "FoundCheckpoint", "StoredCheckpoint", "StoredWrite"]
+__all__ = [
+    "MAX_STATE_KEY_BYTES",
+    "CheckpointKey",
+    "CheckpointRepository",
+    "FoundCheckpoint",
+    "StoredCheckpoint",
+    "StoredWrite",
+    "check_state_key",
+]
+
+MAX_STATE_KEY_BYTES = 512
+"""The longest text, in UTF-8 bytes, of a graph-state key: a namespace, checkpoint id, task id,
+channel or version.  A row's key holds three of them beside its tenant (up to 512 bytes) and two
+UUIDs: 2,100 bytes at most, within the 2,704 a Postgres btree entry may take (SQLite has no limit,
+so without this one a database of longer keys could not move to Postgres)."""
+
+
+def check_state_key(value: object, field: str) -> str:
+    """A graph-state key: text without NUL (which Postgres cannot store), of `MAX_STATE_KEY_BYTES` at most.
+
+    Raises:
+        ValidationError: not a string, a NUL or lone surrogate in it, or too long.
+    """
+    text = check_text(value, field) or ""
+    if len(text) * 4 > MAX_STATE_KEY_BYTES and len(text.encode()) > MAX_STATE_KEY_BYTES:
+        raise ValidationError(
+            f"{field}: {len(text.encode()):,} bytes, more than the {MAX_STATE_KEY_BYTES} a graph-state "
+            "key may have"
+        )
+    return text
+
 
 Value = tuple[str, bytes | None]
 """A stored value: the name of its format and its bytes (None for a channel with no value)."""
@@ -358,6 +389,12 @@ def _put_in_one() -> Any:
 _PUT_IN_ONE = _put_in_one()
 
 
+def _checked_key(key: CheckpointKey) -> CheckpointKey:
+    check_state_key(key.checkpoint_ns, "checkpoint_ns")
+    check_state_key(key.checkpoint_id, "checkpoint_id")
+    return key
+
+
 def _stored(row: Any) -> StoredCheckpoint:
     session, ns, checkpoint, parent, kind, value, meta, key = row
     return StoredCheckpoint(CheckpointKey(session, ns, checkpoint), parent, (kind, value), meta, key)
@@ -386,7 +423,12 @@ class CheckpointRepository(Repository):
         for that version of the channel is kept.
         """
         owner, agent = self._owner, as_uuid(agent_id, "agent_id")
-        session, ns, checkpoint_id = checkpoint.key
+        session, ns, checkpoint_id = _checked_key(checkpoint.key)
+        if checkpoint.parent_checkpoint_id is not None:
+            check_state_key(checkpoint.parent_checkpoint_id, "parent_checkpoint_id")
+        for channel, version in blobs:
+            check_state_key(channel, "channel")
+            check_state_key(version, f"channel {channel!r}: version")
         rows = [
             (owner, agent, session, ns, channel, version, kind, value)
             for (channel, version), (kind, value) in blobs.items()
@@ -428,6 +470,11 @@ class CheckpointRepository(Repository):
         `replace`, else is dropped (a retried task writes the same again).
         """
         owner, agent = self._owner, as_uuid(agent_id, "agent_id")
+        _checked_key(key)
+        for write in writes:
+            check_state_key(write.task_id, "task_id")
+            check_text(write.task_path, "task_path")
+            check_state_key(write.channel, "channel")
         rows = [
             (owner, agent, *key, w.task_id, w.idx, w.task_path, w.channel, w.value[0], w.value[1])
             for w in writes

@@ -17,7 +17,6 @@ not `"1"`; `True` is not `1`).  Postgres uses jsonb containment
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -27,6 +26,17 @@ import sqlalchemy as sa
 from sqlalchemy.sql import ColumnElement
 
 from memorm.errors import ValidationError
+from memorm.search.json_match import (
+    COMPARISONS,
+    MAX_NODES,
+    Kind,
+    Parts,
+    check_condition,
+    check_value,
+    condition_sql,
+    equality,
+    matching,
+)
 from memorm.types import JSONType
 from memorm.validation import check_aware, check_json
 
@@ -48,101 +58,41 @@ __all__ = [
 ]
 
 Filter = Mapping[str, Any]
+"""A `where=` filter on archival passages: a dict whose conditions must all hold.
+
+Each key is a `meta` key (1 to 64 letters, digits, `_` or `-`) or `"created_at"`:
+
+- `{key: value}`, the value a string, number, bool or None: passages whose
+  `meta[key]` is that value, of that JSON type (`1` is not `"1"`, `True` is
+  not `1`; None is a JSON null, not a missing key);
+- `{key: {"$in": [value, …]}}`, 1 to 1,000 such values: `meta[key]` is one of them;
+- `{"created_at": {"$gte": start, "$lt": end}}`, any of `$gt`, `$gte`, `$lt`
+  and `$lte` with timezone-aware datetimes: `created_at` is in that range.
+
+An empty dict keeps every passage (`delete_where` refuses it).  Anything
+else (another operator, a nested object or list as a value, a naive
+datetime) raises `ValidationError` before any statement runs.  Used by
+`search`, `hybrid_search` and `delete_where` of `uow.passages`.
+
+Example:
+    ```python
+    where = {"topic": "pets", "lang": {"$in": ["en", "fr"]}, "created_at": {"$gte": since}}
+    hits = await uow.passages.search(agent.id, vector, where=where)
+    ```
+"""
 
 _KEY = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _RANGE = {"$gt": "__gt__", "$gte": "__ge__", "$lt": "__lt__", "$lte": "__le__"}
 _MAX_IN = 1000
-COMPARISONS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte")
-"""The operators `json_value_conditions` takes (LangGraph's store filters)."""
-_ORDER = {"$gt": ">", "$gte": ">=", "$lt": "<", "$lte": "<="}
-
-
-def _sqlite_json_type(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ("null",)
-    if value is True:
-        return ("true",)
-    if value is False:
-        return ("false",)
-    if isinstance(value, (int, float)):
-        return ("integer", "real")
-    return ("text",)
-
-
-Bind = Callable[..., Any]
-"""`bind(part, type_=None)`: the bind parameter for one part of a condition's values."""
-
-
-def _equality(dialect: str, key: str, value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The kind of SQL that tests "the JSON object holds `key` with `value`", and its values by part.
-
-    Postgres: containment (`@>`).  SQLite: the value's `json_type` at the
-    key's path, and (but for null, true and false) its `json_extract`;
-    objects and lists compare as their compact JSON text.
-    """
-    if dialect == "postgresql":
-        return ("contains",), {"value": {key: value}}
-    path = f'$."{key}"'
-    if isinstance(value, (Mapping, list, tuple)):
-        kind = "object" if isinstance(value, Mapping) else "array"
-        return ("container",), {"path": path, "type0": kind, "value": _compact(value)}
-    if isinstance(value, str) and not value.startswith(("[", "{")):
-        # `json_extract` gives a JSON string as text, a number or true/false as a number,
-        # an object or list as its JSON text (which starts with "[" or "{"): only a JSON
-        # string can equal this text, so the type need not be read (a second JSON parse).
-        return ("text",), {"path": path, "value": value}
-    types = _sqlite_json_type(value)
-    parts: dict[str, Any] = {"path": path, **{f"type{i}": name for i, name in enumerate(types)}}
-    if value is None or isinstance(value, bool):
-        return ("type", len(types)), parts
-    return ("typed", len(types)), {**parts, "value": value}
-
-
-def _equal_sql(column: sa.Column[Any], kind: tuple[Any, ...], bind: Bind) -> ColumnElement[bool]:
-    """The SQL of an `_equality` of this `kind` on `column`, its values bound by `bind`."""
-    if kind[0] == "contains":
-        return column.op("@>")(bind("value", JSONType()))
-    if kind[0] == "text":
-        text: ColumnElement[bool] = sa.func.json_extract(column, bind("path")) == bind("value")
-        return text
-    path = bind("path")
-    if kind[0] == "container":
-        found = sa.func.json_type(column, path) == bind("type0")
-        return sa.and_(found, sa.func.json_extract(column, bind("path")) == bind("value"))
-    found = sa.func.json_type(column, path).in_([bind(f"type{i}") for i in range(kind[1])])
-    if kind[0] == "type":
-        return found
-    return sa.and_(found, sa.func.json_extract(column, bind("path")) == bind("value"))
-
-
-def _ordering(dialect: str, key: str, operator: str, operand: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """`column[key] <operator> operand` for a number or a string (of that JSON type only): kind, values."""
-    number = not isinstance(operand, str)
-    if dialect == "postgresql":
-        return ("order", operator), {"key": key, "type0": "number" if number else "string", "value": operand}
-    types = ("integer", "real") if number else ("text",)
-    parts = {f"type{i}": name for i, name in enumerate(types)}
-    return ("order", operator, len(types)), {"path": f'$."{key}"', **parts, "value": operand}
-
-
-def _ordered_sql(column: sa.Column[Any], kind: tuple[Any, ...], bind: Bind) -> ColumnElement[bool]:
-    operator = kind[1]
-    if len(kind) == 2:  # Postgres
-        found = column.op("->")(bind("key", sa.Text))
-        typed = sa.func.jsonb_typeof(found) == bind("type0")
-        return sa.and_(typed, found.op(operator, is_comparison=True)(bind("value", JSONType())))
-    typed = sa.func.json_type(column, bind("path")).in_([bind(f"type{i}") for i in range(kind[2])])
-    value = sa.func.json_extract(column, bind("path"))
-    return sa.and_(typed, value.op(operator, is_comparison=True)(bind("value")))
 
 
 def _equals(dialect: str, meta: sa.Column[Any], key: str, value: Any) -> ColumnElement[bool]:
-    kind, parts = _equality(dialect, key, value)
-    return _equal_sql(meta, kind, lambda part, type_=None: sa.bindparam(None, parts[part], type_=type_))
-
-
-def _compact(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    """`meta[key]` is the scalar `value`: by containment on Postgres (which a GIN index serves)."""
+    if dialect == "postgresql":  # for a scalar, containment is equality
+        contains: ColumnElement[bool] = meta.op("@>")(sa.bindparam(None, {key: value}, type_=JSONType()))
+        return contains
+    parts = Parts("")
+    return condition_sql(meta, equality(dialect, (key,), value, parts), _bound(parts.values))
 
 
 def compile_filter(dialect: str, table: sa.Table, where: Filter | None) -> list[ColumnElement[bool]]:
@@ -185,49 +135,47 @@ def check_json_keys(where: object, field: str) -> Filter:
     for key, value in where.items():
         if not isinstance(key, str) or not _KEY.match(key):
             raise ValidationError(f"{field}: key {key!r} must be 1-64 letters, digits, '_' or '-'")
-        check_json(value, f"{field}.{key}")
+        check_value(value, f"{field}.{key}")
     return where
 
 
 def json_key_conditions(
     link: Link, column: sa.Column[Any], where: Filter, field: str
 ) -> list[ColumnElement[bool]]:
-    """Conditions that `column` (a JSON object) holds each key of `where` with its value.
+    """Conditions that `column` (a JSON object) holds each key of `where` with its value, whole.
 
-    Any JSON value compares: scalars by value and JSON type, as `where=`
-    filters do; objects and lists by containment on Postgres (`@>`), by
-    their compact JSON text on SQLite.  Keys are as meta keys are.
+    Any JSON value compares, equal as LangGraph's in-memory saver compares
+    metadata: scalars by value and JSON type, as `where=` filters do; an
+    object equals an object of the same keys (in any order) with equal
+    values, a list a list of the same length with equal items
+    (`memorm.search.json_match.equality`).  Keys are as meta keys are.
     """
     dialect = link.dialect.name
-    return [_equals(dialect, column, key, value) for key, value in check_json_keys(where, field).items()]
+    conditions = []
+    for index, (key, value) in enumerate(check_json_keys(where, field).items()):
+        parts = Parts(f"{field}_{index}_")
+        kind = equality(dialect, (key,), value, parts)
+        conditions.append(condition_sql(column, kind, _bound(parts.values)))
+    return conditions
+
+
+def _bound(values: Mapping[str, Any]) -> Callable[..., Any]:
+    """A `Bind` giving each part its value (a statement built for these values)."""
+    return lambda name, type_=None: sa.bindparam(None, values[name], type_=type_)
 
 
 def check_value_filter(where: object, field: str) -> Filter:
     """`where`, checked for `json_value_conditions` (without building SQL): a dict of keys to conditions."""
     if not isinstance(where, Mapping):
         raise ValidationError(f"{field}: expected a dict, got {type(where).__name__}")
+    size = 0
     for key, condition in where.items():
         if not isinstance(key, str) or not _KEY.match(key):
             raise ValidationError(f"{field}: key {key!r} must be 1-64 letters, digits, '_' or '-'")
-        if not _has_operators(condition):
-            check_json(condition, f"{field}.{key}")
-            continue
-        for name, operand in condition.items():
-            where_ = f"{field}.{key}.{name}"
-            if name not in COMPARISONS:
-                raise ValidationError(f"{field}.{key}: {name!r} is not one of {', '.join(COMPARISONS)}")
-            if name in _ORDER and (isinstance(operand, bool) or not isinstance(operand, (int, float, str))):
-                raise ValidationError(
-                    f"{where_}: compare with a number or a string, got {type(operand).__name__}"
-                )
-            check_json(operand, where_)
+        size += check_condition(condition, f"{field}.{key}")
+    if size > MAX_NODES:
+        raise ValidationError(f"{field}: more than {MAX_NODES:,} values to compare")
     return where
-
-
-def _has_operators(condition: object) -> bool:
-    return isinstance(condition, Mapping) and any(
-        isinstance(name, str) and name.startswith("$") for name in condition
-    )
 
 
 def json_value_conditions(
@@ -235,10 +183,14 @@ def json_value_conditions(
 ) -> list[ColumnElement[bool]]:
     """Conditions on the keys of `column` (a JSON object): values, or comparisons by operator.
 
+    As LangGraph's in-memory store filters (`memorm.search.json_match`):
     `{"color": "red"}` and `{"color": {"$eq": "red"}}` hold where the key
-    holds that JSON value (as `json_key_conditions`); `$ne` where it does
-    not (a missing key included); `$gt`, `$gte`, `$lt` and `$lte` compare
-    a number with numbers and a string with strings (byte order on SQLite,
+    holds that JSON value; an object holds for an object whose keys it
+    names match (others may be there), a list for a list of the same
+    length whose items match in order, operators at any depth; `$eq`
+    compares a whole value, `$ne` holds where it is not that value (a
+    missing key included); `$gt`, `$gte`, `$lt` and `$lte` compare a
+    number with numbers and a string with strings (byte order on SQLite,
     Postgres' collation there), and never hold for a value of another JSON
     type.  Several operators on a key must all hold, as must several keys.
     """
@@ -247,28 +199,22 @@ def json_value_conditions(
     return shaped_conditions(column, shape, values)
 
 
-ValueShape = tuple[tuple[str, tuple[Any, ...]], ...]
-"""What a `json_value_conditions` filter's SQL looks like, its values left out."""
+ValueShape = tuple[Kind, ...]
+"""What a `json_value_conditions` filter's SQL looks like, its values left out: a `Kind` per key."""
 
 
 def value_filter(dialect: str, where: object, field: str) -> tuple[ValueShape, dict[str, Any]]:
-    """`where` (checked) as its shape and its values, by parameter name (`filter_0_value`, …).
+    """`where` (checked) as its shape and its values, by parameter name (`filter_0_0`, …).
 
     Filters of one shape make the same SQL (`shaped_conditions`), whatever
     their keys and values: a statement built once per shape serves them all.
     """
-    shape: list[tuple[str, tuple[Any, ...]]] = []
+    shape: list[Kind] = []
     values: dict[str, Any] = {}
-    for key, condition in check_value_filter(where, field).items():
-        tests = list(condition.items()) if _has_operators(condition) else [("$eq", condition)]
-        for name, operand in tests:
-            if name in _ORDER:
-                kind, parts = _ordering(dialect, key, _ORDER[name], operand)
-            else:
-                kind, parts = _equality(dialect, key, operand)
-            prefix = f"filter_{len(shape)}_"
-            values.update({prefix + part: value for part, value in parts.items()})
-            shape.append((name, kind))
+    for index, (key, condition) in enumerate(check_value_filter(where, field).items()):
+        parts = Parts(f"filter_{index}_")
+        shape.append(matching(dialect, (key,), condition, parts))
+        values.update(parts.values)
     return tuple(shape), values
 
 
@@ -280,22 +226,11 @@ def shaped_conditions(
     With `values`, they hold them; without, their parameters are named as
     `value_filter` names the values (for a statement built once per shape).
     """
-    conditions: list[ColumnElement[bool]] = []
-    for index, (name, kind) in enumerate(shape):
-
-        def bind(part: str, type_: Any = None, prefix: str = f"filter_{index}_") -> Any:
-            if values is None:
-                return sa.bindparam(prefix + part, type_=type_)
-            return sa.bindparam(None, values[prefix + part], type_=type_)
-
-        if name in _ORDER:
-            conditions.append(_ordered_sql(column, kind, bind))
-            continue
-        equal = _equal_sql(column, kind, bind)
-        if name == "$ne":
-            equal = sa.not_(sa.func.coalesce(equal, sa.false(), type_=sa.Boolean))
-        conditions.append(equal)
-    return conditions
+    if values is None:
+        bind: Callable[..., Any] = lambda name, type_=None: sa.bindparam(name, type_=type_)  # noqa: E731
+    else:
+        bind = _bound(values)
+    return [condition_sql(column, kind, bind) for kind in shape]
 
 
 def _check_scalar(value: Any, key: str) -> None:

@@ -38,7 +38,7 @@ from memorm.driver import fetch
 from memorm.errors import ValidationError
 from memorm.models import STORE_ITEMS, STORE_VECTORS
 from memorm.routing import DISTRIBUTED
-from memorm.search.vector import PROPAGATE, check_build_options
+from memorm.search.vector import PROPAGATE, check_build_options, search_settings
 from memorm.types import VectorType
 from memorm.validation import INT64_MAX
 
@@ -159,6 +159,8 @@ async def nearest_items(
         return await _rows_of(link, where, columns, hits, values)
     dims = len(query)
     if approximate:
+        if link.pooler:  # the iterative scan is not a setting of this server connection: send it
+            await search_settings(link, None)
         values["want"] = min((limit + offset) * _CANDIDATES, INT64_MAX)
         found = await _found(
             link, _ranked(where, scope, columns, dims, distance, approximate=True), values, distance

@@ -17,7 +17,7 @@ the metric's own values, as pgvector defines them:
   predicate (as a literal, so generic plans match it too), and pgvector's
   iterative scan keeps a filtered search returning `k` rows when `k` exist.
   `hnsw.ef_search` and `hnsw.iterative_scan` are set once per connection
-  (`CONNECTION_SETTINGS`, by `memorm.db`); see `_search_settings`.
+  (`CONNECTION_SETTINGS`, by `memorm.db`); see `search_settings`.
 * SQLite: exact search with numpy in a worker thread, over an in-process
   matrix per (agent, model) that is reloaded whenever the agent's
   `archive_version` (bumped by every passage write, from any connection or
@@ -43,7 +43,7 @@ from sqlalchemy.schema import CreateIndex
 from sqlalchemy.sql import ColumnElement
 
 from memorm.concurrency import CrossLoopLock
-from memorm.driver import fetch, in_transaction
+from memorm.driver import WATCHERS, fetch, in_transaction, sent
 from memorm.errors import NotFoundError, ValidationError
 from memorm.models import AGENTS, EMBEDDING_MODELS, PASSAGES, ArchivalPassage, EmbeddingModel, fields, hydrate
 from memorm.routing import DISTRIBUTED
@@ -72,6 +72,7 @@ __all__ = [
     "index_name",
     "nearest",
     "score_of",
+    "search_settings",
 ]
 
 METRICS = ("cosine", "l2", "inner_product")
@@ -248,7 +249,7 @@ def current_model(tenant: Any, agent_id: Any, model: EmbeddingModel | None = Non
     )
 
 
-async def _search_settings(link: Link, ef_search: int | None) -> None:
+async def search_settings(link: Link, ef_search: int | None) -> None:
     """Set `hnsw.ef_search` (and on Citus `hnsw.iterative_scan`) for the search that follows.
 
     * One server: every connection starts with `CONNECTION_SETTINGS`, so a
@@ -267,22 +268,26 @@ async def _search_settings(link: Link, ef_search: int | None) -> None:
       transaction (begun as above).  Its `BEGIN` goes on its own: Citus
       replays a propagated `SET LOCAL`'s whole query string on the workers,
       and a `BEGIN` in it would warn on every worker transaction.
+    * Behind a transaction pooler (`link.pooler`) a connection's settings
+      stay on whichever server connection the pooler gave it: every search
+      sends both settings, in a transaction (begun in the same message).
     """
     distributed = link.info.get(DISTRIBUTED, False)
-    if not distributed and ef_search is None and not link.info.get(_EF_CHANGED, False):
+    every_time = distributed or link.pooler
+    if not every_time and ef_search is None and not link.info.get(_EF_CHANGED, False):
         return  # the connection's own settings
     await link.ready()  # a writer's (or a tenant's) transaction is the unit of work's to begin
     driver: Any = link.driver
-    if distributed:
+    if every_time:
         statements = [
-            PROPAGATE,
+            *([PROPAGATE] if distributed else []),
             f"SET LOCAL hnsw.ef_search = {int(ef_search or DEFAULT_EF_SEARCH)}",
             "SET LOCAL hnsw.iterative_scan = strict_order",
         ]
     elif ef_search is None:  # an earlier search of this transaction set another value
         link.info.pop(_EF_CHANGED, None)
         if in_transaction(driver):  # else it ended, and its SET LOCAL with it
-            await driver.execute("SET LOCAL hnsw.ef_search TO DEFAULT")
+            await _send(link, "SET LOCAL hnsw.ef_search TO DEFAULT")
         return
     else:
         statements = [f"SET LOCAL hnsw.ef_search = {int(ef_search)}"]
@@ -291,12 +296,19 @@ async def _search_settings(link: Link, ef_search: int | None) -> None:
         mode = " READ ONLY" if link.info.get(READ_ONLY, False) else ""
         begin = f"BEGIN ISOLATION LEVEL READ COMMITTED{mode}"
         if distributed:
-            await driver.execute(begin)
+            await _send(link, begin)
         else:
             statements.insert(0, begin)
     if statements:
         # Several statements in one message (the simple protocol): one round trip.
-        await driver.execute("; ".join(statements))
+        await _send(link, "; ".join(statements))
+
+
+async def _send(link: Link, sql: str) -> None:
+    """Settings (and their `BEGIN`) on the driver, one simple-protocol message, seen by the watchers."""
+    if WATCHERS:
+        sent(link, sql)
+    await link.driver.execute(sql)
 
 
 _FIELDS = fields(PASSAGES)  # the passage's columns, not the derived search words
@@ -448,7 +460,7 @@ async def _pg_nearest(
         "limit": k,
         "offset": offset,
     }
-    await _search_settings(link, ef_search)
+    await search_settings(link, ef_search)
     if where:  # a statement of its own
         rows = [tuple(row) for row in await link.execute(statements.page, values)]
     else:
@@ -489,7 +501,7 @@ class VectorCache:
         # Units of work of any event loop and thread share the cache: the dict
         # sits behind a thread lock, and loads queue on a lock that works across loops.
         self._mutex = threading.Lock()
-        self._loading = CrossLoopLock()
+        self._loading = CrossLoopLock("the loading of archival vectors")
 
     def clear(self) -> None:
         """Forget every matrix and model."""

@@ -7,7 +7,10 @@ agent of a message) get the storage rules every column has: not null where
 the schema says so, integers that fit their column, text without NUL or
 lone surrogates, finite JSON.  Checks that need other rows (a message's
 agent is its session's, a vector has its model's shape) live in
-`memorm.transfer.references`.
+`memorm.transfer.references`.  A graph-state value (LangGraph's
+serialized checkpoints, writes and channel values) must name no callable
+but the types its check allows (`memorm.graph_values`): a file must not
+make the process that loads it run code.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from memorm.errors import ValidationError
+from memorm.errors import UnsafeValueError, ValidationError
+from memorm.graph_values import SAFE_TYPES, check_value
 from memorm.models import fields
 from memorm.repositories.agents import _check_core_memory, _check_retention
+from memorm.repositories.checkpoints import check_state_key
 from memorm.repositories.message_input import _GIVEN, check_message
 from memorm.repositories.passage_queries import _check_half, _check_model_name, _check_shape
 from memorm.repositories.sessions import _check_key
@@ -125,10 +130,30 @@ def _passage(values: Values) -> None:
     check_int(values["embedding_dim"], "embedding_dim", minimum=1)
 
 
+_STATE_KEYS = ("checkpoint_ns", "checkpoint_id", "parent_checkpoint_id", "task_id", "channel", "version")
+
+
 def _graph_state(values: Values) -> None:
-    """A graph-state row: opaque values (bytes, as decoded); its keys are text, checked as storage."""
+    """A graph-state row: opaque values (bytes, as decoded); its keys as `MemormSaver` takes them.
+
+    A key SQLite holds but Postgres would refuse (longer than a btree entry
+    may be) is refused on both, so an export moves to either engine.
+    """
     if values["value"] is not None and not isinstance(values["value"], bytes):
         raise ValidationError("value: expected bytes")
+    for name in _STATE_KEYS:
+        if values.get(name) is not None:
+            check_state_key(values[name], name)
+
+
+def _graph_value(values: Values, allowed: frozenset[tuple[str, str]]) -> None:
+    """What a graph-state value names, read without building it (see `memorm.graph_values`)."""
+    try:
+        check_value(values["value_type"], values["value"], allowed)
+    except UnsafeValueError as error:
+        raise UnsafeValueError(f"value: {error}") from None
+    except ValidationError as error:
+        raise ValidationError(f"value: {error}") from None
 
 
 def _store_key(values: Values) -> None:
@@ -171,13 +196,21 @@ _CHECKS: dict[str, Callable[[Values], None]] = {
     "graph_store_items": _store_item,
     "graph_store_vectors": _store_vector,
 }
+_GRAPH_VALUES = frozenset({"graph_checkpoints", "graph_writes", "graph_blobs"})
 
 
-def check_row(table: sa.Table, row: tuple[Any, ...]) -> Values:
+def check_row(
+    table: sa.Table, row: tuple[Any, ...], *, graph_types: frozenset[tuple[str, str]] = SAFE_TYPES
+) -> Values:
     """`row` of `table` as a dict by column, checked; `ValidationError` names the column.
 
+    Args:
+        graph_types: the `(module, name)`s a graph-state value may name
+            (`memorm.graph_values.allowed_types`).
+
     Raises:
-        ValidationError: `table.column: problem`.
+        ValidationError: `table.column: problem` (an `UnsafeValueError`
+            for a graph-state value naming a callable not allowed).
     """
     values = dict(zip(column_names(table), row, strict=True))
     try:
@@ -186,6 +219,9 @@ def check_row(table: sa.Table, row: tuple[Any, ...]) -> Values:
         if "meta" in values:  # every table but graph_writes, graph_blobs and the store's
             check_json_object(values["meta"], "meta")
         _CHECKS[table.name](values)
+        if table.name in _GRAPH_VALUES:
+            _graph_value(values, graph_types)
     except ValidationError as error:
-        raise ValidationError(f"{table.name}.{error}") from None
+        kind = UnsafeValueError if isinstance(error, UnsafeValueError) else ValidationError
+        raise kind(f"{table.name}.{error}") from None
     return values

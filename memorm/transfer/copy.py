@@ -14,9 +14,16 @@ verification pass then reads the destination and compares (see
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from typing import Any
 
+import sqlalchemy as sa
+
+from memorm.config import sqlite_file
 from memorm.db import Database
+from memorm.errors import ValidationError
+from memorm.models import AGENTS
 from memorm.transfer.rows import (
     DEFAULT_BATCH_SIZE,
     TABLES,
@@ -27,10 +34,19 @@ from memorm.transfer.rows import (
     read_batches,
 )
 from memorm.transfer.scope import check_reach, check_scope
-from memorm.transfer.target import prepare_destination, refresh_statistics, written
+from memorm.transfer.target import check_destination, prepare_destination, refresh_statistics, written
 from memorm.transfer.verify import Digester, TableDigest, compare_digests, digest_database
+from memorm.translate import translating
 
-__all__ = ["CopyReport", "copy_database", "verify_copy"]
+__all__ = ["CopyReport", "check_apart", "copy_database", "verify_copy"]
+
+# Where a Postgres database's memorm tables are, told apart from any other: the cluster, the
+# server's start (a physical replica shares the cluster's identifier, not its start), the
+# database and the agents table its search_path finds (another schema holds other tables).
+_IDENTITY = sa.text(
+    "SELECT (SELECT system_identifier FROM pg_control_system()), pg_postmaster_start_time(), oid,"
+    " to_regclass(:table)::oid FROM pg_database WHERE datname = current_database()"
+).bindparams(table=AGENTS.name)
 
 
 @dataclass
@@ -68,9 +84,10 @@ async def copy_database(
     """Copy every row of `source` (agents… passages, graph state, store items) into `destination`.
 
     The source must be at head.  An empty destination (no memorm schema) is
-    migrated to head first; one with a memorm schema must be at head too
+    migrated to head, once the rest is checked (a copy refused leaves it
+    as it was); one with a memorm schema must be at head too
     (`SchemaError` otherwise, naming `memorm db upgrade`): see
-    `prepare_destination`.  Rows whose (tenant, id) the
+    `memorm.transfer.target`.  Rows whose (tenant, id) the
     destination has are skipped, so the copy can be re-run after an
     interruption.
 
@@ -88,14 +105,15 @@ async def copy_database(
 
     Raises:
         ValidationError: `tenant` is no tenant name, or is None and a side's
-            role is under row-level security.
+            role is under row-level security; or `source` and `destination`
+            are one database (`check_apart`).
     """
     scope = check_scope(tenant)
     report = reporter or Silent()
+    await check_apart(source, destination)
     await source.check_schema()
-    await prepare_destination(destination)
     check_reach(source, scope)
-    check_reach(destination, scope)
+    await prepare_destination(destination, await check_destination(destination, scope))
     result = CopyReport(tenant=scope)
     for table in TABLES:
         report.start(table.name, await count_rows(source, table, tenant=scope))
@@ -130,9 +148,11 @@ async def verify_copy(
     """Compare two databases without copying: counts and checksums of every table.
 
     Both must be at head (`SchemaError` otherwise); nothing is written.
-    With a `tenant`, only that tenant's rows are compared.
+    With a `tenant`, only that tenant's rows are compared.  A database is
+    not compared with itself (`ValidationError`: see `check_apart`).
     """
     scope = check_scope(tenant)
+    await check_apart(source, destination)
     await source.check_schema()
     await destination.check_schema()
     check_reach(source, scope)
@@ -144,3 +164,47 @@ async def verify_copy(
     )
     result.problems = compare_digests(result.source, result.destination)
     return result
+
+
+async def check_apart(source: Database, destination: Database) -> None:
+    """Refuse a copy (or comparison) of a database with itself, however its URLs spell it.
+
+    SQLite: the same file (after symbolic links).  Postgres: the same
+    tables (those the search path finds) of the same database of the same
+    running server, as the server tells (`localhost` and `127.0.0.1` are
+    one).  Copying a database into itself would skip
+    every row and "verify": it only ever means a mistyped URL.
+
+    Raises:
+        ValidationError: the two are one database.
+    """
+    if source.engines is destination.engines:  # one Database, or views of it (`for_tenant`)
+        same = True
+    elif source.dialect != destination.dialect:
+        same = False
+    elif source.dialect == "sqlite":
+        same = _same_file(sqlite_file(source.url), sqlite_file(destination.url))
+    else:
+        same = await _identity(source) == await _identity(destination)
+    if same:
+        where = source.url.render_as_string(hide_password=True)
+        raise ValidationError(f"the source and the destination are one database ({where})")
+
+
+def _same_file(first: os.PathLike[str] | None, second: os.PathLike[str] | None) -> bool:
+    if first is None or second is None:  # in-memory databases are each their own
+        return False
+    if os.path.realpath(first) == os.path.realpath(second):
+        return True
+    try:
+        return os.path.samefile(first, second)  # hard links
+    except OSError:  # one is not there yet
+        return False
+
+
+async def _identity(db: Database) -> tuple[Any, ...]:
+    with translating():
+        async with db.engine.connect() as connection:
+            found = (await connection.execute(_IDENTITY)).one()
+            await connection.rollback()
+    return tuple(found)

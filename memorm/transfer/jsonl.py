@@ -26,23 +26,25 @@ nothing written; then it writes.
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import os
 from collections.abc import Generator, Iterable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import sqlalchemy as sa
 from alembic.script import ScriptDirectory
 
+from memorm import graph_values
 from memorm.db import Database
-from memorm.errors import SchemaError, ValidationError
+from memorm.errors import SchemaError, UnsafeValueError, ValidationError
+from memorm.graph_values import AllowedType
 from memorm.migrate import alembic_config, head_revision
 from memorm.transfer.checks import check_row
 from memorm.transfer.codec import from_json_row, to_json_row
+from memorm.transfer.files import check_target, new_file
 from memorm.transfer.references import FileCheck, Numbered, Pending
 from memorm.transfer.rows import (
     DEFAULT_BATCH_SIZE,
@@ -56,8 +58,8 @@ from memorm.transfer.rows import (
     table_named,
 )
 from memorm.transfer.scope import Scope, check_reach, check_scope
-from memorm.transfer.target import prepare_destination, refresh_statistics, written
-from memorm.types.json import dumps
+from memorm.transfer.target import check_destination, prepare_destination, refresh_statistics, written
+from memorm.validation import check_flag
 
 __all__ = ["ImportReport", "check_revision", "export_jsonl", "import_jsonl", "read_header"]
 
@@ -76,15 +78,15 @@ class ImportReport:
     analyzed: list[str] = field(default_factory=list)
 
 
-def _open(path: Path, mode: str, *, name: Path | None = None) -> IO[str]:
-    """`path` as text to write; gzip-compressed if `name` (default `path`) ends in `.gz`."""
-    if (name or path).name.endswith(".gz"):
-        return io.TextIOWrapper(gzip.GzipFile(path, mode), encoding="utf-8", newline="\n")
-    return open(path, mode, encoding="utf-8", newline="\n")
+# Not `memorm.types.json.dumps`, which writes -0.0 as 0.0 (jsonb has no negative
+# zero): vectors keep their components' signs in both engines (pgvector, SQLite's
+# packed floats), and the file carries what the rows hold.  JSON documents read
+# back from either engine hold no -0.0 to keep.
+_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":"))
 
 
 def _line(record: dict[str, Any]) -> str:
-    return dumps(record) + "\n"
+    return _ENCODER.encode(record) + "\n"
 
 
 async def export_jsonl(
@@ -94,11 +96,14 @@ async def export_jsonl(
     tenant: str | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
     reporter: Reporter | None = None,
+    overwrite: bool = False,
 ) -> dict[str, int]:
     """Write every row of `db` (or of one tenant) to `path`; the rows written, by table.
 
     The file appears under its name only once complete (it is written beside
-    it first, then renamed).
+    it first, then linked or renamed: `memorm.transfer.files`).  An existing
+    `path` is refused unless `overwrite`, and one that is not a regular
+    file (a symbolic link, a FIFO, a device…) always, before anything is read.
 
     Args:
         tenant: export that tenant's rows only, read in units of work of that
@@ -109,34 +114,30 @@ async def export_jsonl(
 
     Raises:
         ValidationError: `tenant` is no tenant name, or is None for a role
-            under row-level security.
+            under row-level security; `path` exists (without `overwrite`) or
+            is not a regular file.
     """
     from memorm import __version__
 
     scope = check_scope(tenant)
+    replace = check_flag(overwrite, "overwrite")
     report = reporter or Silent()
     target = Path(path)
+    check_target(target, overwrite=replace)
     await db.check_schema()
     check_reach(db, scope)
     counts = {table.name: await count_rows(db, table, tenant=scope) for table in TABLES}
     written = dict.fromkeys(counts, 0)
-    partial = target.with_name(target.name + ".partial")
     header = {"memorm": __version__, "revision": head_revision(), "tenant": scope, "tables": counts}
-    try:
-        with _open(partial, "w", name=target) as out:
-            out.write(_line(header))
-            for table in TABLES:
-                report.start(table.name, counts[table.name])
-                async for rows in read_batches(db, table, tenant=scope, batch_size=batch_size):
-                    out.writelines(
-                        _line({"table": table.name, "row": to_json_row(table, row)}) for row in rows
-                    )
-                    written[table.name] += len(rows)
-                    report.advance(table.name, len(rows))
-            out.write(_line({"end": True, "tables": written}))
-        partial.replace(target)
-    finally:
-        partial.unlink(missing_ok=True)
+    with new_file(target, overwrite=replace) as out:
+        out.write(_line(header))
+        for table in TABLES:
+            report.start(table.name, counts[table.name])
+            async for rows in read_batches(db, table, tenant=scope, batch_size=batch_size):
+                out.writelines(_line({"table": table.name, "row": to_json_row(table, row)}) for row in rows)
+                written[table.name] += len(rows)
+                report.advance(table.name, len(rows))
+        out.write(_line({"end": True, "tables": written}))
     return written
 
 
@@ -246,9 +247,19 @@ def _rows(source: Path, *, older: bool) -> Iterator[Numbered]:
 
 
 async def _check_rows(
-    db: Database, rows: Iterable[Numbered], source: str, *, tenant: Scope, batch_size: int, reporter: Reporter
+    db: Database | None,
+    rows: Iterable[Numbered],
+    source: str,
+    *,
+    tenant: Scope,
+    graph_types: frozenset[tuple[str, str]],
+    batch_size: int,
+    reporter: Reporter,
 ) -> None:
     """Check every row of an export, alone and against the others and `db`; write nothing.
+
+    `db` None: an empty database (no memorm schema), which holds no row a
+    row of the file could clash with or refer to.
 
     Raises:
         ValidationError: the first problem found, naming its line.
@@ -258,7 +269,9 @@ async def _check_rows(
     pending: Pending = []
     for line, where, target, row in rows:
         try:
-            values = check_row(target, row)
+            values = check_row(target, row, graph_types=graph_types)
+        except UnsafeValueError as error:
+            raise UnsafeValueError(f"{where}: {error}") from None
         except ValidationError as error:
             raise ValidationError(f"{where}: {error}") from None
         if tenant is not None and values["tenant"] != tenant:
@@ -286,21 +299,30 @@ async def import_jsonl(
     tenant: str | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
     reporter: Reporter | None = None,
+    allowed_types: Iterable[AllowedType] | None = None,
 ) -> ImportReport:
     """Insert the rows of an export at `path` into `db`, skipping (tenant, id) keys it already has.
 
-    An empty `db` (no memorm schema) is migrated to head first; one with a
-    memorm schema must be at head (`SchemaError` otherwise, naming `memorm
-    db upgrade`), as for `copy_database`.  The
+    An empty `db` (no memorm schema) is migrated to head once the whole
+    file has passed its checks; one with a memorm schema must be at head
+    (`SchemaError` otherwise, naming `memorm db upgrade`), as for
+    `copy_database`.  The
     file must not come from a newer revision than this memorm's head.
     The whole file is checked first, each row as the API checks its input and
     against the other rows and `db` (see `memorm.transfer.references`):
     a bad file raises `ValidationError` naming the line, and nothing is
-    written.  Then each batch commits on its own: after a failure (a lost
+    written: an empty `db` stays empty (not migrated), and a SQLite file
+    that was not there is not made.  Then each batch commits on its own: after a failure (a lost
     connection), importing again finishes the job.
 
     Each row keeps the tenant it has in the file; rows of an export from
     before tenants (revision 0008) are the default tenant's.
+
+    Graph state (LangGraph's checkpoints, writes and channel values) is
+    read without being built, and a value naming a callable that is neither
+    a type LangGraph's graphs store nor one of `allowed_types` is refused
+    (`UnsafeValueError` naming its line), as a pickle is: loading it would
+    run that callable.
 
     Args:
         tenant: import into that tenant only, in units of work of that
@@ -309,19 +331,30 @@ async def import_jsonl(
             (`ValidationError` naming its line) before anything is written.
             None imports every tenant's rows as they are, which on Postgres
             needs a role that bypasses row-level security.
+        allowed_types: your own types that the graph state holds, as
+            `MemormSaver` takes them (classes, `(module, name)` pairs or
+            `"module.Name"`).
     """
     scope = check_scope(tenant)
+    graph_types = graph_values.allowed_types(allowed_types)
     report = reporter or Silent()
     source = Path(path)
     header = read_header(source)  # a file that is no export leaves even an empty ``db`` untouched
-    await prepare_destination(db)
-    check_reach(db, scope)
+    # Nothing is written (a new SQLite file not even made) until the whole file has passed.
+    empty = await check_destination(db, scope)
     older = header.get("revision") != head_revision()  # its rows may lack columns added since
     counts = header["tables"]
     report.start("check", sum(n for n in counts.values() if isinstance(n, int) and not isinstance(n, bool)))
     await _check_rows(
-        db, _rows(source, older=older), str(source), tenant=scope, batch_size=batch_size, reporter=report
+        None if empty else db,  # an empty database holds nothing to check the rows against
+        _rows(source, older=older),
+        str(source),
+        tenant=scope,
+        graph_types=graph_types,
+        batch_size=batch_size,
+        reporter=report,
     )
+    await prepare_destination(db, empty)
 
     result = ImportReport(header=header)
     table: sa.Table | None = None

@@ -90,10 +90,11 @@ class FileCheck:
     """Cross-row checks of one export against the database `db` it is to be imported into.
 
     `tenant`: the import's scope (None: every tenant); the database is read in
-    units of work of that scope.
+    units of work of that scope.  `db` None stands for an empty database (no
+    memorm schema yet): it holds nothing, and nothing is read.
     """
 
-    def __init__(self, db: Database, tenant: Scope = None) -> None:
+    def __init__(self, db: Database | None, tenant: Scope = None) -> None:
         self.db = db
         self.tenant = tenant
         self.agents: dict[Key, bool] = {}  # known agents: whether the database holds them
@@ -147,8 +148,10 @@ class FileCheck:
     # -- lookups -----------------------------------------------------------------------------
 
     async def _select(self, statement: sa.Select[Any]) -> list[tuple[Any, ...]]:
-        async with scoped(self.db, self.tenant, read_only=True) as uow, guarded(uow.session):
-            return [tuple(row) for row in await uow.session.execute(statement)]
+        if self.db is None:
+            return []
+        async with scoped(self.db, self.tenant, read_only=True) as uow, guarded(uow.link.session):
+            return [tuple(row) for row in await uow.link.session.execute(statement)]
 
     async def _stored(
         self,

@@ -46,6 +46,7 @@ from memorm.models import (
     fields,
 )
 from memorm.progress import Reporter, Silent
+from memorm.repositories.id_claims import claim_all
 from memorm.transfer.lookup import matching
 from memorm.transfer.scope import Scope, scoped
 from memorm.translate import guarded
@@ -167,11 +168,11 @@ async def _tenants_of(db: Database, table: sa.Table, tenant: Scope) -> list[str]
         return [tenant]
     found: list[str] = []
     first = sa.select(sa.func.min(table.c.tenant))
-    async with scoped(db, None, read_only=True) as uow, guarded(uow.session):
-        last = await uow.session.scalar(first)
+    async with scoped(db, None, read_only=True) as uow, guarded(uow.link.session):
+        last = await uow.link.session.scalar(first)
         while last is not None:
             found.append(last)
-            last = await uow.session.scalar(_next_tenant(table), {"after": last})
+            last = await uow.link.session.scalar(_next_tenant(table), {"after": last})
     return sorted(found)
 
 
@@ -180,8 +181,8 @@ async def count_rows(db: Database, table: sa.Table, *, tenant: Scope = None) -> 
     statement = sa.select(sa.func.count()).select_from(table)
     if tenant is not None:
         statement = statement.where(table.c.tenant == tenant)
-    async with scoped(db, tenant, read_only=True) as uow, guarded(uow.session):
-        total = await uow.session.scalar(statement)
+    async with scoped(db, tenant, read_only=True) as uow, guarded(uow.link.session):
+        total = await uow.link.session.scalar(statement)
     return int(total or 0)
 
 
@@ -245,17 +246,22 @@ async def insert_new(db: Database, table: sa.Table, rows: Sequence[Row], *, tena
     # A store vector is looked up by its item (few fields each), not one statement per item.
     lookup = columns[:-1] if table is STORE_VECTORS else columns
     async with scoped(db, tenant) as uow:
-        async with guarded(uow.session):
+        if table is MESSAGES or table is PASSAGES:
+            # An id names one row of its tenant, any agent's: on a distributed database, where no
+            # unique index says so, no other writer stores these ids between look-up and insert.
+            for owner_tenant in sorted({row[owner] for row in rows}):
+                await claim_all(uow.link, table, owner_tenant)
+        async with guarded(uow.link.session):
             found: set[tuple[Any, ...]] = set()
             for where in matching(lookup, {key[: len(lookup)] for key in keys}):
-                stored = await uow.session.execute(sa.select(*columns).where(where))
+                stored = await uow.link.session.execute(sa.select(*columns).where(where))
                 found.update(tuple(key) for key in stored)
             fresh = []
             for row, key in zip(rows, keys, strict=True):
                 if key not in found:  # and not twice in the batch: the first of a key is kept
                     found.add(key)
                     fresh.append(row)
-            await _refuse_taken(uow.session, table, fresh)
+            await _refuse_taken(uow.link.session, table, fresh)
         await insert_rows(uow.link, table, column_names(table), fresh)
         if table is AGENTS and fresh:  # the agents' names are kept (unique) in agent_names
             name = column_names(AGENTS).index("name")
@@ -287,6 +293,8 @@ async def _refuse_taken(session: AsyncSession, table: sa.Table, rows: Sequence[R
                     said = conflict_message(("agents", ("name",)), {"name": taken})
                     raise ConflictError(f"{said} in the destination, under another id")
     for columns in unique_keys(table)[1:]:
+        if columns == ("tenant", "id"):
+            continue  # the rows' own key: those the database has were left out already
         where = [names.index(column) for column in columns]
         wanted = {tuple(row[i] for i in where): row[at] for row in rows}
         for value in [value for value in wanted if None in value]:

@@ -27,14 +27,19 @@ def check_scope(tenant: object) -> Scope:
     return None if tenant is None else check_tenant(tenant)
 
 
-def check_reach(db: Database, tenant: Scope) -> None:
+def check_reach(db: Database, tenant: Scope, *, bypasses: bool | None = None) -> None:
     """Refuse every tenant's rows to a role that sees one tenant at a time (after `check_schema`).
+
+    `bypasses`: whether the role bypasses row-level security, if known
+    otherwise (a database without memorm's schema has had no schema check).
 
     Raises:
         ValidationError: `tenant` is None and `db`'s role is subject to
             row-level security (Postgres).
     """
-    if tenant is None and db.dialect == "postgresql" and not db.bypasses_rls:
+    if bypasses is None and db.dialect == "postgresql":
+        bypasses = db.bypasses_rls
+    if tenant is None and db.dialect == "postgresql" and not bypasses:
         raise ValidationError(
             "every tenant's rows need a role that bypasses row-level security (a superuser or one with "
             "BYPASSRLS); this role sees one tenant at a time: name it (--tenant NAME)"

@@ -1,7 +1,10 @@
 """Where `copy` and `import` write: an empty database is set up, one at another revision refused.
 
-After the rows are in, Postgres's planner statistics are refreshed for the
-tables that received them (`refresh_statistics`).
+A destination is checked first, writing nothing (`check_destination`), and
+set up only once everything else a copy or import checks has passed
+(`prepare_destination`): one refused stays as it was, a SQLite file not
+even made.  After the rows are in, Postgres's planner statistics are
+refreshed for the tables that received them (`refresh_statistics`).
 """
 
 from __future__ import annotations
@@ -10,11 +13,13 @@ from collections.abc import Mapping, Sequence
 
 import sqlalchemy as sa
 
+from memorm.config import sqlite_file
 from memorm.db import Database
 from memorm.progress import Reporter
+from memorm.transfer.scope import Scope, check_reach
 from memorm.translate import translating
 
-__all__ = ["prepare_destination", "refresh_statistics", "written"]
+__all__ = ["check_destination", "prepare_destination", "refresh_statistics", "written"]
 
 # The tables among those named that this role may ANALYZE (it owns them, or is a member of
 # their owner's role, or a superuser): others would be skipped with a WARNING.
@@ -25,20 +30,48 @@ _MAY_ANALYZE = sa.text(
 )
 
 
-async def prepare_destination(db: Database) -> None:
+async def check_destination(db: Database, tenant: Scope = None) -> bool:
+    """Check that `db` may receive rows of the scope `tenant`, writing nothing; whether it is empty.
+
+    An empty destination (a SQLite file not there yet, which is not opened
+    and so not made; a new Postgres database, or one `memorm db downgrade
+    base` emptied) has no memorm schema: `prepare_destination` migrates it.
+    A destination that has a memorm schema must already be at head:
+    migrating a database that holds data is its owner's decision, not a
+    side effect of a copy.
+
+    Raises:
+        SchemaError: `db` has a memorm schema at another revision (naming
+            `memorm db upgrade`).
+        ValidationError: `tenant` is None and `db`'s role is subject to
+            row-level security (`memorm.transfer.scope.check_reach`).
+    """
+    path = sqlite_file(db.url)
+    if path is not None and not path.exists():
+        return True
+    if await db.current_revision() is not None:
+        await db.check_schema()
+        check_reach(db, tenant)
+        return False
+    if db.dialect == "postgresql" and tenant is None:
+        # The role, looked up as the schema check does (which needs no schema).
+        check_reach(db, tenant, bypasses=await db._bypasses_rls())
+    return True
+
+
+async def prepare_destination(db: Database, empty: bool | None = None) -> None:
     """Make `db` ready to receive rows: migrated to head if memorm never set it up, else checked.
 
-    An empty destination (a new SQLite file, a new Postgres database, one
-    `memorm db downgrade base` emptied) has no memorm schema and is migrated
-    to head, as `memorm db upgrade` would.  A destination that has a memorm
-    schema must already be at head: migrating a database that holds data is
-    its owner's decision, not a side effect of a copy.
+    `empty`: what `check_destination` found (None: look now).  An empty
+    destination is migrated to head, as `memorm db upgrade` would.
 
     Raises:
         SchemaError: `db` has a memorm schema at another revision (naming
             `memorm db upgrade`).
     """
-    if await db.current_revision() is None:
+    if empty is None:
+        empty = await db.current_revision() is None
+    if empty:
         await db.upgrade()
     await db.check_schema()
 
