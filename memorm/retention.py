@@ -30,9 +30,10 @@ removed = await purge_expired(db, all_tenants=True)      # every tenant's
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, replace
 from datetime import datetime
 from itertools import groupby
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,7 @@ from memorm.validation import check_aware, check_flag, check_text
 
 if TYPE_CHECKING:
     from memorm.db import Database
+    from memorm.scrub import Scrubbed
     from memorm.uow import UnitOfWork
 
 __all__ = ["DEFAULT_BATCH", "Removed", "forget", "purge_expired", "purge_older_than"]
@@ -62,15 +64,19 @@ class Removed:
     """How many rows of each kind a purge or `forget` deleted (or, in a dry run, would delete).
 
     Cascades count: a deleted session's messages are in `messages`.
+    `scrubbed` is what the scrub `forget` runs afterwards cleared and
+    skipped ([`Scrubbed`][memorm.scrub.Scrubbed]; None when no scrub ran); it
+    is not a count, and equality, sums and `as_dict` leave it out.
     """
 
     agents: int = 0
     sessions: int = 0
     messages: int = 0
     passages: int = 0
+    scrubbed: Scrubbed | None = dataclasses.field(default=None, compare=False)
 
     def __add__(self, other: Removed) -> Removed:
-        return Removed(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+        return Removed(**{kind: getattr(self, kind) + getattr(other, kind) for kind in _COUNTS})
 
     @property
     def total(self) -> int:
@@ -79,7 +85,10 @@ class Removed:
 
     def as_dict(self) -> dict[str, int]:
         """`{"agents": …, "sessions": …, "messages": …, "passages": …}`."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {kind: getattr(self, kind) for kind in _COUNTS}
+
+
+_COUNTS = ("agents", "sessions", "messages", "passages")
 
 
 class _Tally:
@@ -220,9 +229,13 @@ async def forget(
     The deletion is one unit of work (a person is forgotten entirely or not at
     all); then, unless `scrub=False`, [`Database.scrub`][memorm.db.Database.scrub] clears what the
     files still hold of the deleted rows (`reindex=True`: the words in
-    Postgres' full-text index too).  The rows of `db`'s tenant; with
-    `all_tenants=True`, of every tenant (on Postgres the role must bypass
-    row-level security, else `ValidationError`).
+    Postgres' full-text index too), and the result's `scrubbed` says what it
+    cleared and skipped: on Postgres a role that does not own the tables
+    (the application role) may not `VACUUM` them, so `scrubbed.skipped`
+    names them and a [`ScrubWarning`][memorm.scrub.ScrubWarning] is issued.
+
+    The rows of `db`'s tenant; with `all_tenants=True`, of every tenant (on
+    Postgres the role must bypass row-level security, else `ValidationError`).
     """
     for flag, field in ((dry_run, "dry_run"), (scrub, "scrub"), (reindex, "reindex")):
         check_flag(flag, field)
@@ -236,7 +249,7 @@ async def forget(
         removed = await uow.agents.forget(where)
     tally.add(removed)
     if scrub and removed.total:
-        await db.scrub(reindex=reindex)
+        return replace(tally.total, scrubbed=await db.scrub(reindex=reindex))
     return tally.total
 
 
@@ -270,7 +283,7 @@ async def _agents_of_every_tenant(db: Database, agent: str | uuid.UUID | None) -
         query = query.where(AGENTS.c.name == check_text(agent, "agent"))
     async with db.unit_of_work(read_only=True, all_tenants=True) as uow:
         with translating():
-            owners = [(tenant, key) for tenant, key in await uow.session.execute(query)]
+            owners = [(tenant, key) for tenant, key in await uow.link.session.execute(query)]
     if not owners and isinstance(agent, uuid.UUID):
         raise NotFoundError(f"no agent {agent}")
     if not owners and agent is not None:

@@ -1,22 +1,17 @@
 """Operations on whole tenants: list them, delete one, and make the application's Postgres role.
 
 `Database.delete_tenant` and the `memorm tenant` and `memorm db create-role`
-commands call these.  Statements that must name a role or database (DDL
-takes no bind parameters) are built by Postgres' own `format()` with
-`%I`/`%L`, so no name reaches SQL unquoted.
+commands call these.  The role is made by `memorm.roles` (its `create_role`
+is importable from here too).
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
-import os
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from memorm.errors import ValidationError
 from memorm.models import (
     AGENT_NAMES,
     AGENTS,
@@ -28,6 +23,7 @@ from memorm.models import (
     STORE_TABLES,
 )
 from memorm.progress import Reporter, Silent
+from memorm.roles import SCRAM_ITERATIONS, create_role, scram_sha_256
 from memorm.search.fts_ddl import FTS_INDEXES
 from memorm.search.text import merge_deleted
 from memorm.tenancy import check_tenant
@@ -37,9 +33,17 @@ from memorm.validation import check_flag, check_int
 if TYPE_CHECKING:
     from memorm.db import Database
 
-__all__ = ["DELETE_BATCH", "create_role", "delete_tenant", "list_tenants"]
+__all__ = [
+    "DELETE_BATCH",
+    "SCRAM_ITERATIONS",
+    "create_role",
+    "delete_tenant",
+    "list_tenants",
+    "scram_sha_256",
+]
 
 DELETE_BATCH = 5_000  # rows per DELETE (and per transaction) in delete_tenant
+_NAMES_AT_ONCE = 1_000  # agent ids per statement on the names: far below any driver's limit on parameters
 # Children first: each batch deletes rows no other row still points to.
 _DELETE_ORDER: tuple[sa.Table, ...] = (
     MESSAGES,
@@ -66,7 +70,7 @@ async def list_tenants(db: Database) -> dict[str, dict[str, int]]:
         for table in _TABLES:
             counts = sa.select(table.c.tenant, sa.func.count()).group_by(table.c.tenant)
             with translating():
-                for tenant, count in await uow.session.execute(counts):
+                for tenant, count in await uow.link.session.execute(counts):
                     found.setdefault(tenant, {t.name: 0 for t in _TABLES})[table.name] = int(count)
     return dict(sorted(found.items()))
 
@@ -83,9 +87,18 @@ async def delete_tenant(
 
     No batch holds its locks for long, so the tenant's (and everyone's)
     traffic goes on meanwhile; rows the tenant writes during the deletion
-    are deleted too if they land in a table not yet emptied.  Full-text
-    entries go with their rows (on SQLite the index is merged, as by
-    `forget`), and the in-process vector cache drops the tenant's matrices.
+    are deleted too if they land in a table not yet emptied, up to a batch
+    more than the table held when the deletion began: a deletion racing
+    the tenant's writers ends, and leaves what they wrote after that (run
+    it again once they stopped, for a tenant with no rows).  Each agent's
+    name goes in the transaction that deletes the agent, so a deletion cut
+    short (cancelled, or a lost connection) leaves every remaining agent
+    its name and no name taken by an agent that is gone; an agent created
+    while the deletion runs is deleted with its name, or keeps both.  Names
+    an older memorm's cut-short deletion left without their agent are
+    deleted too.  Full-text entries go with their rows (on SQLite the index
+    is merged, as by `forget`), and the in-process vector cache drops the
+    tenant's matrices.
     Returns the rows deleted per table (with `dry_run`, the rows there are;
     nothing changes): agents, embedding models, sessions, messages, archival
     passages, the graph state of the sessions (`graph_checkpoints`,
@@ -102,7 +115,8 @@ async def delete_tenant(
         for table in _DELETED:
             with translating():
                 counts[table.name] = int(
-                    await uow.session.scalar(sa.select(sa.func.count()).where(table.c.tenant == owner)) or 0
+                    await uow.link.session.scalar(sa.select(sa.func.count()).where(table.c.tenant == owner))
+                    or 0
                 )
     if check_flag(dry_run, "dry_run"):
         return counts
@@ -110,19 +124,20 @@ async def delete_tenant(
     deleted = {table.name: 0 for table in _DELETED}
     for table in _DELETE_ORDER:
         report.start(table.name, counts[table.name])
-        while True:
+        bound = counts[table.name] + size  # what was there, and a batch of newcomers
+        while deleted[table.name] < bound:
             async with view.unit_of_work() as uow:
-                statement = _delete_batch(table, owner, size)
                 with translating():
-                    result = await uow.session.execute(statement)
-                done = int(result.rowcount)  # type: ignore[attr-defined]
+                    if table is AGENTS:
+                        done = await _delete_agents(uow.link.session, owner, size)
+                    else:
+                        result = await uow.link.session.execute(_delete_batch(table, owner, size))
+                        done = int(result.rowcount)  # type: ignore[attr-defined]
             deleted[table.name] += done
             report.advance(table.name, done)
             if done < size:
                 break
-    async with view.unit_of_work() as uow:  # the agents' names, with the agents gone
-        with translating():
-            await uow.session.execute(sa.delete(AGENT_NAMES).where(AGENT_NAMES.c.tenant == owner))
+    await _delete_orphan_names(view, owner, size)
     db.vector_cache.evict_tenant(owner)
     if db.dialect == "sqlite" and (deleted["messages"] or deleted["archival_passages"]):
         async with view.unit_of_work() as uow:
@@ -131,121 +146,68 @@ async def delete_tenant(
     return deleted
 
 
+async def _delete_agents(session: AsyncSession, owner: str, size: int) -> int:
+    """Delete up to `size` of the tenant's agents with their names, in the caller's transaction.
+
+    Names go with their agents, so every batch that commits leaves each
+    remaining agent its name and no name without its agent: a deletion cut
+    short, or an agent created meanwhile (it keeps its name, or goes with
+    it), never leaves a name taken by no one or an agent that has none.
+    """
+    found = await session.execute(_delete_batch(AGENTS, owner, size).returning(AGENTS.c.id))
+    gone = list(found.scalars())
+    for start in range(0, len(gone), _NAMES_AT_ONCE):
+        agents = gone[start : start + _NAMES_AT_ONCE]
+        await session.execute(
+            sa.delete(AGENT_NAMES).where(AGENT_NAMES.c.tenant == owner, AGENT_NAMES.c.agent_id.in_(agents))
+        )
+    return len(gone)
+
+
+async def _delete_orphan_names(view: Database, owner: str, size: int) -> None:
+    """Delete the tenant's names whose agent is gone (left by a deletion of an older memorm, cut short).
+
+    A page of names at a time, each page its own transaction: the names are
+    read, then their agents looked up, and the names with no agent deleted.
+    An agent created meanwhile comes with its name in one transaction, so
+    the lookup sees it (a name is only ever read with its agent committed).
+    """
+    after = ""
+    while True:
+        async with view.unit_of_work() as uow:
+            session = uow.link.session
+            with translating():
+                page = (
+                    await session.execute(
+                        sa.select(AGENT_NAMES.c.name, AGENT_NAMES.c.agent_id)
+                        .where(AGENT_NAMES.c.tenant == owner, AGENT_NAMES.c.name > after)
+                        .order_by(AGENT_NAMES.c.name)
+                        .limit(size)
+                    )
+                ).all()
+                for start in range(0, len(page), _NAMES_AT_ONCE):
+                    named = {agent_id for _, agent_id in page[start : start + _NAMES_AT_ONCE]}
+                    alive = set(
+                        (
+                            await session.execute(
+                                sa.select(AGENTS.c.id).where(AGENTS.c.tenant == owner, AGENTS.c.id.in_(named))
+                            )
+                        ).scalars()
+                    )
+                    if named - alive:
+                        await session.execute(
+                            sa.delete(AGENT_NAMES).where(
+                                AGENT_NAMES.c.tenant == owner, AGENT_NAMES.c.agent_id.in_(named - alive)
+                            )
+                        )
+        if len(page) < size:
+            return
+        after = page[-1].name
+
+
 def _delete_batch(table: sa.Table, owner: str, size: int) -> sa.Delete:
     """Delete up to `size` of the tenant's rows of `table`, found by their key."""
     key = [table.c.id] if "id" in table.c else list(table.primary_key.columns)
     doomed = sa.select(*key).where(table.c.tenant == owner).limit(size)
     found = key[0].in_(doomed.scalar_subquery()) if len(key) == 1 else sa.tuple_(*key).in_(doomed)
     return sa.delete(table).where(table.c.tenant == owner, found)
-
-
-SCRAM_ITERATIONS = 4096  # Postgres' own default (scram_iterations)
-
-
-def scram_sha_256(password: str, *, salt: bytes | None = None) -> str:
-    """The SCRAM-SHA-256 verifier Postgres stores for `password` (RFC 5802, 7677).
-
-    Given to `ALTER ROLE … PASSWORD`, Postgres stores it as is, so the
-    password itself never reaches the server or its logs.  (Postgres
-    normalises a password with SASLprep first; for the printable ASCII and
-    most other text that changes nothing.)
-    """
-    salt = os.urandom(16) if salt is None else salt
-    salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, SCRAM_ITERATIONS)
-    client_key = hmac.new(salted, b"Client Key", "sha256").digest()
-    stored_key = hashlib.sha256(client_key).digest()
-    server_key = hmac.new(salted, b"Server Key", "sha256").digest()
-    encode = base64.b64encode
-    return (
-        f"SCRAM-SHA-256${SCRAM_ITERATIONS}:{encode(salt).decode()}"
-        f"${encode(stored_key).decode()}:{encode(server_key).decode()}"
-    )
-
-
-def _check_role(role: object) -> str:
-    if not isinstance(role, str) or not role or "\x00" in role or len(role.encode()) > 63:
-        raise ValidationError("role: expected a name of 1 to 63 bytes without NUL")
-    return role
-
-
-_ROLE_LOCK = 0x6D656D6F726D_01  # "memorm", 1: the advisory lock create_role holds
-
-
-async def create_role(db: Database, role: str, *, password: str | None = None) -> list[str]:
-    """Create (or update) `role`: a login role for the application, subject to row-level security.
-
-    `db` connects as an administrator (a superuser, or a role with
-    CREATEROLE that owns memorm's tables).  The role gets exactly what memorm
-    needs: `CONNECT` on the database, `USAGE` on the schema, `SELECT`,
-    `INSERT`, `UPDATE` and `DELETE` on memorm's tables and `SELECT` on
-    `alembic_version`; default privileges give it the same on tables the
-    owner creates later (new migrations).  It is never a superuser, never
-    `BYPASSRLS`, and never the tables' owner (`ValidationError`).  Returns
-    what was done, one line each.
-    """
-    name = _check_role(role)
-    if password is not None and (not isinstance(password, str) or "\x00" in password):
-        raise ValidationError("password: expected a string without NUL")
-    if db.dialect != "postgresql":
-        raise ValidationError("create-role is for Postgres: SQLite has no roles")
-    await db.check_schema()
-    done: list[str] = []
-    async with db.engine.begin() as connection:
-
-        async def run(template: str, *values: object) -> None:
-            """Execute `template` after Postgres' format() quoted `values` into it."""
-            params = {f"v{i}": value for i, value in enumerate(values)}
-            args = "".join(f", CAST(:v{i} AS text)" for i in range(len(values)))
-            statement = await connection.scalar(sa.text(f"SELECT format('{template}'{args})"), params)
-            await connection.exec_driver_sql(str(statement))
-
-        with translating():
-            # One at a time per database: each GRANT CONNECT rewrites the database's
-            # catalog row, and two transactions doing so at once fail ("tuple
-            # concurrently updated") instead of waiting for each other.
-            await connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _ROLE_LOCK})
-            where = await connection.execute(
-                sa.text(
-                    "SELECT schemaname, tableowner FROM pg_tables "
-                    "WHERE tablename = 'agents' AND schemaname = ANY (current_schemas(false)) "
-                    "ORDER BY array_position(current_schemas(false), schemaname::text) LIMIT 1"
-                )
-            )
-            schema, owner = where.one()  # the schema memorm's tables are found in
-            if owner == name:
-                raise ValidationError(
-                    f"role {name!r} owns memorm's tables: the application role must be another one"
-                )
-            exists = await connection.scalar(
-                sa.text("SELECT 1 FROM pg_roles WHERE rolname = :r"), {"r": name}
-            )
-            if exists:
-                await run("ALTER ROLE %I LOGIN NOSUPERUSER NOBYPASSRLS", name)
-                done.append(f"role {name} updated: LOGIN NOSUPERUSER NOBYPASSRLS")
-            else:
-                await run("CREATE ROLE %I LOGIN NOSUPERUSER NOBYPASSRLS NOCREATEDB NOCREATEROLE", name)
-                done.append(f"role {name} created: LOGIN NOSUPERUSER NOBYPASSRLS")
-            if password is not None:
-                # Hashed here: the statement (which a server may log) holds no password.
-                await run("ALTER ROLE %I PASSWORD %L", name, scram_sha_256(password))
-                done.append("password set (sent as a SCRAM-SHA-256 verifier)")
-            database = await connection.scalar(sa.text("SELECT current_database()"))
-            await run("GRANT CONNECT ON DATABASE %I TO %I", database, name)
-            await run("GRANT USAGE ON SCHEMA %I TO %I", schema, name)
-            for table in (*_TABLES, AGENT_NAMES, *CHECKPOINT_TABLES, *STORE_TABLES):
-                await run("GRANT SELECT, INSERT, UPDATE, DELETE ON %I.%I TO %I", schema, table.name, name)
-            await run("GRANT SELECT ON %I.alembic_version TO %I", schema, name)
-            await run(
-                "ALTER DEFAULT PRIVILEGES FOR ROLE %I IN SCHEMA %I "
-                "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO %I",
-                owner,
-                schema,
-                name,
-            )
-            done.append(
-                f"granted: CONNECT on {database}, USAGE on schema {schema}, SELECT/INSERT/UPDATE/DELETE "
-                f"on {', '.join(t.name for t in (*_TABLES, AGENT_NAMES))} "
-                f"(and on tables {owner} creates later), "
-                "SELECT on alembic_version"
-            )
-    return done

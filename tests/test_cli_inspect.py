@@ -188,6 +188,22 @@ def test_stats_with_tenant_reports_that_tenant_and_without_it_every_tenant(
     assert re.search(r"│ acme\s+│ ada\s+│ long chat\s+│ [0-9a-f-]{36} │\s+7 │", out), out
 
 
+def test_stats_of_a_tenant_without_rows_says_it_holds_none(
+    upgraded: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run(_chats(upgraded))  # the default tenant's rows: the database is not empty
+    code, out, err = memorm(capsys, "stats", "--tenant", "nosuch", "--url", upgraded)
+    assert (code, err) == (0, "")
+    assert out.splitlines()[1:] == [
+        "tenant 'nosuch' holds no rows (`memorm tenant list` names the tenants that do)"
+    ]
+    assert "rows per table" not in out  # no table of zeros to read as an answer
+    code, out, err = memorm(capsys, "stats", "--tenant", "default", "--url", upgraded)
+    assert (code, err) == (0, "")
+    assert "holds no rows" not in out
+    assert _row(out, "agents", "2"), out
+
+
 def test_stats_on_an_unmigrated_database_says_run_upgrade(
     url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -352,3 +368,17 @@ def test_db_check_is_the_same_check(upgraded: str, capsys: pytest.CaptureFixture
     code, _, err = memorm(capsys, "db", "check", "--url", upgraded)
     assert code == 1
     assert "agents.nickname" in err
+
+
+def test_import_memgpt_refuses_json_nested_past_pythons_parser_in_one_line(
+    upgraded: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    legacy = tmp_path / "legacy"
+    shutil.copytree(SAMPLE, legacy)
+    (legacy / "sam" / "config.json").write_text("[" * 100_000 + "]" * 100_000)  # a RecursionError
+    code, _out, err = memorm(capsys, "import-memgpt", str(legacy), "--url", upgraded)
+    assert code == 1
+    assert err.startswith("memorm: error: ")
+    assert "config.json: JSON nested too deeply" in err
+    assert len(err.strip().splitlines()) == 1
+    assert run(_counts(upgraded))["agents"] == 0

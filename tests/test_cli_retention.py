@@ -445,3 +445,11 @@ def test_forget_refuses_bad_meta_syntax_with_usage_errors(
     assert "given twice" in usage_error(capsys, "forget", "--meta", "n=1", "--meta", "n:=1", "--url", people)
     assert "--meta" in usage_error(capsys, "forget", "--url", people)  # required
     assert snapshot(people) == PEOPLE
+
+
+def test_forget_refuses_meta_json_nested_past_pythons_parser_with_a_usage_error(
+    people: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    deep = "n:=" + "[" * 100_000 + "]" * 100_000  # json.loads recursed until RecursionError
+    assert "nested that deep" in usage_error(capsys, "forget", "--meta", deep, "--url", people)
+    assert snapshot(people) == PEOPLE

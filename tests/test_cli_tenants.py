@@ -22,7 +22,7 @@ from cli_run import drawn_progress, memorm, run, usage_error
 from sqlalchemy.engine import make_url
 from tenant_data import FILLED, NO_GRAPH, NO_LANGGRAPH, NO_STORE, TABLES, WORDS, fill, rows_of
 
-from memorm import Database
+from memorm import Database, metadata
 from memorm.cli import tenant as tenant_cli
 from memorm.tenants import DELETE_BATCH, scram_sha_256
 
@@ -227,6 +227,20 @@ def test_the_tenant_command_states_the_batch_size_delete_tenant_uses() -> None:
     assert tenant_cli.DEFAULT_BATCH == DELETE_BATCH
 
 
+def test_db_scrub_prints_what_it_cleaned(tenants: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = memorm(capsys, "db", "scrub", "--url", tenants)
+    assert (code, err) == (0, "")
+    if tenants.startswith("sqlite"):
+        assert out.splitlines() == [
+            "merged messages_fts, archival_passages_fts",
+            "truncated the write-ahead log",
+        ]
+    else:
+        assert out.splitlines() == [
+            "vacuumed agents, sessions, messages, archival_passages, embedding_models"
+        ]
+
+
 # -- memorm db create-role and the application role (Postgres) -----------------------
 
 
@@ -281,11 +295,20 @@ def test_create_role_makes_a_role_row_level_security_holds_to_one_tenant(
     code, out, err = memorm(capsys, "db", "create-role", role, "--url", tenants)
     assert (code, err) == (0, "")
     lines = out.splitlines()
-    assert lines[0] == f"role {role} created: LOGIN NOSUPERUSER NOBYPASSRLS"
-    assert lines[1].startswith("granted: CONNECT on ")
+    database = make_url(tenants).database
+    attributes = "LOGIN NOSUPERUSER NOBYPASSRLS NOREPLICATION NOCREATEROLE NOCREATEDB"
+    assert lines == [
+        f"role {role} created: {attributes}",
+        f"granted CONNECT on database {database}",
+        "granted USAGE on schema public",
+        *(f"granted SELECT, INSERT, UPDATE, DELETE on {table}" for table in metadata.tables),  # each one
+        "granted SELECT on alembic_version",
+        "granted SELECT, INSERT, UPDATE, DELETE on the tables root creates later in schema public "
+        "(default privileges)",
+    ]
     code, out, err = memorm(capsys, "db", "create-role", role, "--url", tenants)  # again: fine
     assert (code, err) == (0, "")
-    assert out.splitlines()[0] == f"role {role} updated: LOGIN NOSUPERUSER NOBYPASSRLS"
+    assert out.splitlines() == [f"role {role} updated: {attributes}", *lines[1:]]
     flags = _admin_fetch(
         tenants,
         "SELECT rolsuper, rolbypassrls, rolcanlogin, rolpassword FROM pg_authid WHERE rolname = $1",
@@ -359,8 +382,24 @@ def test_the_application_role_runs_one_tenant_and_is_told_so_for_every_tenant(
         assert len(err.splitlines()) == 1
     # In one tenant the application role does it all.
     code, out, err = memorm(capsys, "forget", "--meta", "tenant=acme", "--tenant", "acme", "--url", app)
-    assert (code, err) == (0, "")
+    assert code == 0
     assert out.splitlines()[0] == "removed 1 agents"
+    # Only the tables' owner may VACUUM them: the scrub says it skipped them, never that it cleaned them.
+    assert err == (
+        "memorm: warning: scrub skipped agents, sessions, messages, archival_passages, embedding_models: "
+        "only their owner (or a superuser) may VACUUM a table or rebuild its indexes, so deleted rows' "
+        "old versions stay in the files until a scrub runs as the owner (`memorm db scrub --url OWNER_URL`, "
+        "or `await db.scrub()`)\n"
+    )
+    code, out, err = memorm(capsys, "db", "scrub", "--url", app)  # a scrub and nothing else: exit 1
+    assert (code, out) == (1, "")
+    assert err.startswith("memorm: warning: scrub skipped agents, sessions, messages, archival_passages")
+    code, out, err = memorm(capsys, "db", "scrub", "--reindex", "--url", tenants)  # the owner's: all of it
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        "vacuumed agents, sessions, messages, archival_passages, embedding_models",
+        "rebuilt ix_messages_search_words_fts, ix_archival_passages_search_words_fts",
+    ]
     code, out, _ = memorm(capsys, "stats", "--tenant", "globex", "--url", app)
     assert code == 0
     assert "tenant 'globex'" in out

@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 import pytest
 import sqlalchemy as sa
-from conftest import Store, app_role, asyncpg_dsn, drop_role
+from conftest import Store, app_role, drop_role
 from sqlalchemy.engine import make_url
 
 from memorm import Database, ValidationError, metadata
@@ -44,6 +44,7 @@ class Roles:
     app: Database  # the application role: subject to row-level security
     role: str
     schema: str
+    dsn: str  # the store's database, as an administrator, on the server itself (never a pooler)
 
 
 @pytest.fixture
@@ -54,7 +55,7 @@ def engine() -> str:
 @pytest.fixture
 async def roles(store: Store) -> AsyncIterator[Roles]:
     async with app_role(store) as (owner, app, role):
-        yield Roles(owner, app, role, str(store.schema))
+        yield Roles(owner, app, role, str(store.schema), store.admin_dsn())
 
 
 async def _fill(db: Database, tenant: str) -> dict[str, Any]:
@@ -144,7 +145,7 @@ async def test_raw_inserts_land_in_the_unit_of_works_tenant_and_cannot_name_anot
 async def test_a_connection_with_no_tenant_set_sees_nothing_and_writes_nothing(roles: Roles) -> None:
     await _fill(roles.app, "a")
     connection = await asyncpg.connect(
-        make_url(asyncpg_dsn()).set(username=roles.role).render_as_string(hide_password=False),
+        make_url(roles.dsn).set(username=roles.role).render_as_string(hide_password=False),
         server_settings={"search_path": f"{roles.schema},public"},
     )
     try:
@@ -204,7 +205,7 @@ async def test_one_pooled_connection_alternating_tenants_never_shows_another(rol
 async def test_create_role_is_idempotent_and_refuses_the_tables_owner(roles: Roles) -> None:
     done = await create_role(roles.owner, roles.role)
     assert done[0].startswith(f"role {roles.role} updated")
-    admin = await asyncpg.connect(asyncpg_dsn())
+    admin = await asyncpg.connect(roles.dsn)
     try:
         flags = await admin.fetchrow(
             "SELECT rolsuper, rolbypassrls, rolcanlogin FROM pg_roles WHERE rolname = $1", roles.role
@@ -219,6 +220,154 @@ async def test_create_role_is_idempotent_and_refuses_the_tables_owner(roles: Rol
         await create_role(roles.owner, owner)
 
 
+_FLAGS = (
+    "SELECT rolsuper, rolbypassrls, rolreplication, rolcreaterole, rolcreatedb"
+    " FROM pg_roles WHERE rolname = $1"
+)
+_IN_LINE = "LOGIN NOSUPERUSER NOBYPASSRLS NOREPLICATION NOCREATEROLE NOCREATEDB"
+
+
+async def test_create_role_takes_from_an_existing_role_all_that_escapes_row_level_security(
+    roles: Roles,
+) -> None:
+    role, schema, suffix = roles.role, roles.schema, uuid.uuid4().hex[:8]
+    group, harmless = f"memorm_group_{suffix}", f"memorm_harmless_{suffix}"
+    admin = await asyncpg.connect(roles.dsn)
+    try:
+        owner = await admin.fetchval(
+            "SELECT tableowner FROM pg_tables WHERE tablename = 'agents' AND schemaname = $1", schema
+        )
+        await admin.execute(
+            f'ALTER ROLE "{role}" CREATEROLE CREATEDB REPLICATION BYPASSRLS;'
+            f'CREATE ROLE "{group}" NOLOGIN; GRANT "{owner}" TO "{group}"; GRANT "{group}" TO "{role}";'
+            f'CREATE ROLE "{harmless}" NOLOGIN; GRANT "{harmless}" TO "{role}";'
+            f'GRANT "{owner}" TO "{role}";'
+            f'GRANT TRUNCATE, REFERENCES, TRIGGER ON "{schema}".agents TO "{role}";'
+            f'GRANT SELECT ON "{schema}".messages TO "{role}" WITH GRANT OPTION;'
+            f'GRANT CREATE ON SCHEMA "{schema}" TO "{role}";'
+        )
+        app = await asyncpg.connect(roles.dsn, user=role)
+        try:
+            await app.execute(f'SET ROLE "{owner}"; RESET ROLE')  # the owner's powers, for the asking
+
+            done = await create_role(roles.owner, role)
+
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await app.execute(f'SET ROLE "{owner}"')
+        finally:
+            await app.close()
+        flags = await admin.fetchrow(_FLAGS, role)
+        members = await admin.fetch(
+            "SELECT r.rolname FROM pg_auth_members m JOIN pg_roles r ON r.oid = m.roleid "
+            "JOIN pg_roles u ON u.oid = m.member WHERE u.rolname = $1",
+            role,
+        )
+        privileges = await admin.fetchrow(
+            "SELECT has_table_privilege($1, $2 || '.agents', 'TRUNCATE'),"
+            " has_table_privilege($1, $2 || '.agents', 'REFERENCES'),"
+            " has_table_privilege($1, $2 || '.agents', 'TRIGGER'),"
+            " has_table_privilege($1, $2 || '.messages', 'SELECT WITH GRANT OPTION'),"
+            " has_schema_privilege($1, $2, 'CREATE'),"
+            " has_table_privilege($1, $2 || '.messages', 'SELECT')",
+            role,
+            schema,
+        )
+    finally:
+        for made in (group, harmless):
+            await drop_role(admin, made)
+        await admin.close()
+    assert tuple(flags) == (False, False, False, False, False)
+    assert [row["rolname"] for row in members] == [harmless]  # a harmless group stays
+    assert tuple(privileges) == (False, False, False, False, False, True)
+    assert done[0] == f"role {role} updated: {_IN_LINE}"
+    assert f"removed BYPASSRLS, REPLICATION, CREATEROLE, CREATEDB from role {role}" in done
+    assert f"revoked membership in {owner} ({owner} is a superuser)" in done
+    assert f"revoked membership in {group} ({group} is a member of {owner}, which is a superuser)" in done
+    assert "revoked REFERENCES, TRIGGER, TRUNCATE on agents" in done
+    assert "revoked SELECT WITH GRANT OPTION on messages" in done
+    assert f"revoked CREATE on schema {schema}" in done
+    assert not any(harmless in line for line in done)
+    granted = [line for line in done if line.startswith("granted ") and " on " in line]
+    assert [line for line in granted if line.endswith(tuple(metadata.tables))] == [
+        f"granted SELECT, INSERT, UPDATE, DELETE on {table}" for table in metadata.tables
+    ]
+    assert "granted SELECT on alembic_version" in done
+    await _fill(roles.app, "a")  # memorm works as before, in one tenant at a time
+    await _fill(roles.app, "b")
+    assert await _tenants_seen(roles.app, "a") == {table.name: {"a"} for table in TABLES}
+
+
+async def test_create_role_refuses_a_superuser_and_leaves_it_as_it_was(roles: Roles) -> None:
+    superuser = f"memorm_super_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(roles.dsn)
+    try:
+        await admin.execute(f'CREATE ROLE "{superuser}" LOGIN SUPERUSER CREATEDB')
+        with pytest.raises(ValidationError, match=f"role '{superuser}' is a superuser"):
+            await create_role(roles.owner, superuser)
+        assert tuple(await admin.fetchrow(_FLAGS, superuser)) == (True, False, False, False, True)
+        granted = await admin.fetchval(
+            "SELECT count(*) FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a "
+            "JOIN pg_roles r ON r.oid = a.grantee WHERE r.rolname = $1",
+            superuser,
+        )
+        assert granted == 0
+    finally:
+        await drop_role(admin, superuser)
+        await admin.close()
+
+
+async def test_create_role_refuses_what_it_cannot_revoke_and_changes_nothing(roles: Roles) -> None:
+    """TRUNCATE granted to PUBLIC reaches the role past its own grants: refused, all rolled back."""
+    admin = await asyncpg.connect(roles.dsn)
+    try:
+        await admin.execute(
+            f'ALTER ROLE "{roles.role}" CREATEDB; GRANT TRUNCATE ON "{roles.schema}".sessions TO PUBLIC'
+        )
+        with pytest.raises(ValidationError, match=r"may still TRUNCATE on sessions \(granted to PUBLIC"):
+            await create_role(roles.owner, roles.role)
+        assert tuple(await admin.fetchrow(_FLAGS, roles.role)) == (False, False, False, False, True)
+        await admin.execute(f'REVOKE TRUNCATE ON "{roles.schema}".sessions FROM PUBLIC')
+        await create_role(roles.owner, roles.role)  # once revoked there, it goes through
+        assert tuple(await admin.fetchrow(_FLAGS, roles.role)) == (False, False, False, False, False)
+    finally:
+        await admin.close()
+
+
+@pytest.mark.direct  # roles of its own, logging in straight to the server
+async def test_create_role_run_by_a_createrole_owner_who_is_no_superuser(store: Store) -> None:
+    """The documented administrator: a CREATEROLE role that owns memorm's tables, not a superuser."""
+    suffix = uuid.uuid4().hex[:8]
+    owner, app, bypassing = f"memorm_owner_{suffix}", f"memorm_app_{suffix}", f"memorm_bypass_{suffix}"
+    admin = await asyncpg.connect(store.admin_dsn())
+    db = None
+    try:
+        await admin.execute(
+            f'CREATE ROLE "{owner}" LOGIN CREATEROLE; ALTER SCHEMA "{store.schema}" OWNER TO "{owner}";'
+            f'CREATE ROLE "{app}" LOGIN CREATEDB CREATEROLE; GRANT "{owner}" TO "{app}";'
+            f'CREATE ROLE "{bypassing}" LOGIN BYPASSRLS'
+        )
+        url = make_url(store.url).set(username=owner).render_as_string(hide_password=False)
+        db = Database(url, **store.options)
+        await db.upgrade()  # the tables are the owner's
+
+        done = await create_role(db, app)
+        assert f"removed CREATEROLE, CREATEDB from role {app}" in done
+        assert f"revoked membership in {owner} ({owner} owns memorm's tables)" in done
+        assert any(line.startswith("CONNECT on database ") and "granted already" in line for line in done)
+        assert tuple(await admin.fetchrow(_FLAGS, app)) == (False, False, False, False, False)
+        assert not await admin.fetchval("SELECT pg_has_role($1, $2, 'MEMBER')", app, owner)
+
+        with pytest.raises(ValidationError, match="has BYPASSRLS, which only a superuser may remove"):
+            await create_role(db, bypassing)
+        assert tuple(await admin.fetchrow(_FLAGS, bypassing)) == (False, True, False, False, False)
+    finally:
+        if db is not None:
+            await db.dispose()
+        for made in (app, bypassing, owner):  # the owner last: DROP OWNED takes its schema
+            await drop_role(admin, made)
+        await admin.close()
+
+
 async def test_create_role_run_by_many_at_once_makes_every_role(roles: Roles) -> None:
     # Each GRANT CONNECT rewrites the database's catalog row: unserialized, two at once
     # fail with "tuple concurrently updated".
@@ -226,7 +375,7 @@ async def test_create_role_run_by_many_at_once_makes_every_role(roles: Roles) ->
     try:
         for _ in range(2):  # the second round updates roles that exist
             await asyncio.gather(*(create_role(roles.owner, name) for name in names))
-        admin = await asyncpg.connect(asyncpg_dsn())
+        admin = await asyncpg.connect(roles.dsn)
         try:
             granted = await admin.fetchval(
                 "SELECT count(*) FROM pg_roles WHERE rolname = ANY($1::text[])"
@@ -237,7 +386,7 @@ async def test_create_role_run_by_many_at_once_makes_every_role(roles: Roles) ->
             await admin.close()
         assert granted == len(names)
     finally:
-        admin = await asyncpg.connect(asyncpg_dsn())
+        admin = await asyncpg.connect(roles.dsn)  # DROP OWNED reaches the grants of this database only
         try:
             for name in names:
                 await drop_role(admin, name)

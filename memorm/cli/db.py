@@ -1,4 +1,4 @@
-"""`memorm db upgrade|downgrade|current|check`: the schema's migrations; `db create-role`, `db distribute`."""
+"""`memorm db upgrade|downgrade|current|check`: the schema's migrations; `db create-role|distribute|scrub`."""
 
 from __future__ import annotations
 
@@ -54,6 +54,19 @@ async def _create_role(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _scrub(args: argparse.Namespace) -> int:
+    from memorm.cli.reach import open_database
+
+    async with open_database(args.url) as db:
+        done = await db.scrub(reindex=args.reindex)  # what it skipped, it warns about (on stderr)
+    for verb, names in (("vacuumed", done.vacuumed), ("rebuilt", done.reindexed), ("merged", done.merged)):
+        if names:
+            print(f"{verb} {', '.join(names)}")
+    if db.dialect == "sqlite" and done.complete:
+        print("truncated the write-ahead log")
+    return 0 if done.complete else 1
+
+
 async def _distribute(args: argparse.Namespace) -> int:
     from memorm.cli.reach import open_database
 
@@ -84,7 +97,21 @@ def register(commands: Any) -> None:
         help="Citus: distribute memorm's tables by agent (after db upgrade; safe to run again)",
     )
     distribute.set_defaults(handler=_distribute)
-    for action in (upgrade, downgrade, current, check, distribute):
+    scrub = actions.add_parser(
+        "scrub",
+        help="clear what the files still hold of deleted rows (VACUUM; SQLite: merge, checkpoint)",
+        description="Clear what the database files still hold of deleted rows, as db.scrub() does: on "
+        "Postgres VACUUM memorm's tables (run it as their owner: VACUUM skips a table its role does not "
+        "own, and this exits 1 naming what it skipped); on SQLite merge the full-text indexes and "
+        "truncate the write-ahead log.",
+    )
+    scrub.add_argument(
+        "--reindex",
+        action="store_true",
+        help="Postgres: also rebuild the full-text indexes, which keep deleted words as keys",
+    )
+    scrub.set_defaults(handler=_scrub)
+    for action in (upgrade, downgrade, current, check, distribute, scrub):
         action.add_argument("--url", help="database URL")
     role = actions.add_parser(
         "create-role",

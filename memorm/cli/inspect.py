@@ -1,7 +1,8 @@
 """`memorm check` (the schema against the models) and `memorm stats` (what the database holds).
 
-`memorm stats --tenant NAME` counts that tenant's rows only; without it,
-every tenant's (on Postgres, with a role that bypasses row-level security).
+`memorm stats --tenant NAME` counts that tenant's rows only (and says so
+when it holds none); without it, every tenant's (on Postgres, with a role
+that bypasses row-level security).
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ async def _gather(db: Database, tenant: str | None) -> _Stats:
     )
     now = utcnow()
     async with opened as uow:
-        session = uow.session
+        session = uow.link.session
         return _Stats(
             tenant=tenant,
             tenants=0
@@ -156,6 +157,11 @@ async def _stats(args: argparse.Namespace) -> int:
         console = Console(width=120)
     console.print(f"memorm at {where}")
     scope = f"tenant {found.tenant!r}" if found.tenant is not None else f"every tenant ({found.tenants:,})"
+    if found.tenant is not None and not any(found.counts.values()):
+        # A tenant exists only through its rows: a misspelt name and a tenant with
+        # nothing stored look alike, and a table of zeros would read as an answer.
+        console.print(f"{scope} holds no rows (`memorm tenant list` names the tenants that do)", markup=False)
+        return 0
     console.print(scope, markup=False)
     rows = Table(title="rows per table")
     rows.add_column("table")

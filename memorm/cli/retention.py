@@ -72,6 +72,10 @@ def meta_condition(text: str) -> tuple[str, Any]:
             value = json.loads(raw, parse_constant=_reject_constant)
         except ValueError as error:
             raise argparse.ArgumentTypeError(f"{key}:= expects a JSON value, got {raw!r} ({error})") from None
+        except RecursionError:  # Python's parser recurses once per level
+            raise argparse.ArgumentTypeError(
+                f"{key}:= compares with a string, number, true, false or null, not a value nested that deep"
+            ) from None
         if isinstance(value, (dict, list)):
             raise argparse.ArgumentTypeError(
                 f"{key}:= compares with a string, number, true, false or null, not {raw!r}"
