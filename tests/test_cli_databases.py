@@ -61,6 +61,7 @@ READERS = {
     "db current": ["db", "current", "--url", "{db}"],
     "db downgrade": ["db", "downgrade", "base", "--url", "{db}"],
     "db check": ["db", "check", "--url", "{db}"],
+    "db scrub": ["db", "scrub", "--url", "{db}"],
     "check": ["check", "--url", "{db}"],
     "stats": ["stats", "--url", "{db}"],
     "purge": ["purge", "--expired", "--url", "{db}"],

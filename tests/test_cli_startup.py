@@ -77,6 +77,7 @@ HELP = [
             ["db", "current"],
             ["db", "check"],
             ["db", "create-role"],
+            ["db", "scrub"],
             ["demo"],
             ["check"],
             ["stats"],

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -45,7 +47,11 @@ def test_page_examples_run_twice(
     for run in (1, 2):
         for number, source in enumerate(examples(page), start=1):
             code = compile(source, f"{page.name} example {number} (run {run})", "exec")
-            exec(code, {"__name__": "__main__"})
+            # As a script runs: its module is __main__, so what names its classes (LangGraph's
+            # serializer stores a type as its module and name) finds them there.
+            script = types.ModuleType("__main__")
+            monkeypatch.setitem(sys.modules, "__main__", script)
+            exec(code, script.__dict__)
 
 
 def revisions() -> list[tuple[str, str]]:

@@ -188,3 +188,33 @@ def test_no_page_shows_raw_rest(site: Path) -> None:
         if "::</p>" in html.read_text(encoding="utf-8"):
             problems.append(f"{where}: a paragraph ending in a reST `::`")
     assert not problems, "\n".join(problems)
+
+
+# What LangGraph's classes give MemormSaver and MemormStore, and graphs and nodes call.
+INHERITED = {
+    "memorm.compat.langgraph.MemormSaver": ["get", "aget"],
+    "memorm.compat.langgraph_store.MemormStore": [
+        *("get", "put", "search", "delete", "list_namespaces"),
+        *("aget", "aput", "asearch", "adelete", "alist_namespaces"),
+    ],
+}
+
+
+def test_reference_shows_the_langgraph_methods_people_call(reference: _Page) -> None:
+    missing = [f"{path}.{name}" for path, names in INHERITED.items() for name in names]
+    missing = [anchor for anchor in missing if anchor not in reference.ids]
+    assert not missing, f"inherited LangGraph methods missing from docs/reference.md: {missing}"
+
+
+def test_reference_writes_annotations_as_python_does(reference: _Page) -> None:
+    # A class with a `list` method annotates `builtins.list[...]` after it (mypy reads
+    # `list` there as the method); the reader should see `list[...]`.
+    text = "".join(reference.text)
+    assert "list[ScoredPassage]" in text
+    assert "builtins." not in text
+
+
+def test_reference_defines_the_passages_filter(reference: _Page) -> None:
+    assert "memorm.search.filters.Filter" in reference.ids
+    text = "".join(reference.text)
+    assert '{"$in": [value, …]}' in text

@@ -10,14 +10,19 @@ tenth of a second and each command loads only what it uses
 (else `MEMORM_DATABASE_URL`, else `sqlite:///memorm.db`) or URLs as
 arguments, and opens them with `memorm.cli.reach.open_database`.
 Errors print one line and exit non-zero; `--debug` shows the traceback.
+memorm's warnings (a scrub that could not clean every table) print one
+line, `memorm: warning: …`, and leave the exit status alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
+from typing import TextIO
 
 from memorm import __version__
 
@@ -49,13 +54,33 @@ def _said_in_one_line(error: Exception) -> bool:
     return alembic is not None and isinstance(error, alembic.CommandError)
 
 
+def _one_line(
+    show: Callable[..., None],
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """Show a memorm warning as `memorm: warning: …` on stderr; others as Python would."""
+    if category.__module__.startswith("memorm."):
+        print(f"memorm: warning: {message}", file=sys.stderr)
+    else:
+        show(message, category, filename, lineno, file, line)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = _parser().parse_args(argv)
     import asyncio  # after parsing: --help and usage errors need no event loop
 
     try:
-        result = asyncio.run(args.handler(args))
+        with warnings.catch_warnings():
+            # memorm's warnings (a scrub that skipped tables…) as one line each, every time.
+            warnings.filterwarnings("always", category=UserWarning, module=r"memorm\.")
+            warnings.showwarning = functools.partial(_one_line, warnings.showwarning)
+            result = asyncio.run(args.handler(args))
     except KeyboardInterrupt:
         print("memorm: interrupted", file=sys.stderr)
         return 130

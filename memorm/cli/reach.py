@@ -25,6 +25,7 @@ from pathlib import Path
 
 from sqlalchemy import exc as sa_exc
 
+from memorm.config import sqlite_file
 from memorm.db import Database
 from memorm.errors import DatabaseError, MemormError
 from memorm.translate import translate
@@ -67,11 +68,8 @@ def missing_sqlite_file(db: Database) -> Path | None:
     None too for other engines, in-memory databases and `file:` URIs (which
     SQLite opens by its own rules, `mode=rw` included).
     """
-    name = db.url.database
-    if db.dialect != "sqlite" or not name or name == ":memory:" or name.startswith("file:"):
-        return None
-    path = Path(name).absolute()
-    return None if path.exists() else path
+    path = sqlite_file(db.url)
+    return None if path is None or path.exists() else path
 
 
 async def _connect(db: Database, where: str) -> None:
@@ -95,8 +93,9 @@ async def open_database(url: str | None, *, create: bool = False) -> AsyncIterat
     Args:
         url: the database's URL as the user gave it.
         create: the command makes the database, so a missing SQLite file is
-            created; without it, a missing file raises `DatabaseError`
-            naming the path, and nothing is created.
+            created, by the command's first statement (a command refused
+            before it leaves no file); without it, a missing file raises
+            `DatabaseError` naming the path, and nothing is created.
 
     Errors inside the block leave as `MemormError`: connection failures as
     "cannot reach the database at …", other driver errors as memorm translates
@@ -105,12 +104,13 @@ async def open_database(url: str | None, *, create: bool = False) -> AsyncIterat
     db = Database(url)
     where = db.url.render_as_string(hide_password=True)
     try:
-        missing = None if create else missing_sqlite_file(db)
-        if missing is not None:
+        missing = missing_sqlite_file(db)
+        if missing is not None and not create:
             raise DatabaseError(
                 f"no SQLite database at {missing} (check the URL; `memorm db upgrade` creates one)"
             )
-        await _connect(db, where)
+        if missing is None:  # a new SQLite file is made by the command's first write, not here
+            await _connect(db, where)
         try:
             yield db
         except _Unreachable:

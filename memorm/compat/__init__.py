@@ -5,5 +5,7 @@
 * `memorm.compat.openai_agents`: the Agents SDK's session protocol (extra `openai-agents`).
 * `memorm.compat.langgraph`: a LangGraph checkpointer and long-term store (extra `langgraph`).
 
-Importing `memorm` never imports a framework; only these modules do.
+Importing `memorm` never imports a framework; only these modules do.  One
+imported without its extra raises a `ModuleNotFoundError` naming the extra
+to install (`memorm.compat._extras`).
 """

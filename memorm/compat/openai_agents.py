@@ -40,9 +40,14 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from agents.items import TResponseInputItem
-from agents.memory import SessionSettings
-from agents.memory.session_settings import coerce_session_settings, resolve_session_limit
+from memorm.compat._extras import missing_extra
+
+try:
+    from agents.items import TResponseInputItem
+    from agents.memory import SessionSettings
+    from agents.memory.session_settings import coerce_session_settings, resolve_session_limit
+except ImportError as error:
+    raise missing_extra(__name__, "openai-agents", error) from error
 
 from memorm.db import Database
 from memorm.errors import NotFoundError, ValidationError

@@ -98,6 +98,8 @@ def _load(path: Path) -> Any:
         raise ValidationError(f"{path}: not valid JSON ({error.msg}, line {error.lineno})") from None
     except UnicodeDecodeError:
         raise ValidationError(f"{path}: not UTF-8 text") from None
+    except RecursionError:  # Python's parser recurses once per level
+        raise ValidationError(f"{path}: JSON nested too deeply") from None
 
 
 def _timestamp(value: object, where: str) -> datetime | None:

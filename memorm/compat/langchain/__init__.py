@@ -11,10 +11,13 @@ sync methods.  Sync methods run on a private event loop in a daemon thread
 (`SyncBridge`), on your own `Database`, which gives that loop a
 connection pool of its own (a pool belongs to the event loop that opened it);
 [`dispose_sync`][memorm.compat.langchain.dispose_sync] closes that pool (it also closes at interpreter exit).
-Sync methods are therefore safe from plain sync code with no event loop, from
-a worker thread while your loop runs elsewhere, and even (blocking it) from
-inside a running loop.  An in-memory SQLite database lives on one event loop:
-use a file, or the async methods only.
+Sync methods therefore work from plain sync code with no event loop, and from
+a worker thread while your loop runs elsewhere.  From inside a running loop
+they block it until done; one that would wait for a task of that loop (a
+writing unit of work it has open on the same database) raises
+`memorm.errors.BlockedLoopError` at once instead of hanging: await the async
+method there.  An in-memory SQLite database lives on one event loop: use a
+file, or the async methods only.
 
 Modules: `messages` (message mapping),
 `history`,
@@ -28,6 +31,13 @@ Importing `memorm` never imports LangChain; only this package does.
 """
 
 from __future__ import annotations
+
+from memorm.compat._extras import missing_extra
+
+try:  # before the modules that use it, so the error names the extra
+    import langchain_core  # noqa: F401
+except ImportError as error:
+    raise missing_extra(__name__, "langchain", error) from error
 
 from memorm.compat import _sync
 from memorm.compat._sync import SyncBridge, adispose_sync, dispose_sync

@@ -147,7 +147,7 @@ def _langchain_calls(calls: list[dict[str, Any]]) -> tuple[list[Any], list[Any]]
         call_id = call.get("id")
         try:
             args = json.loads(raw) if isinstance(raw, str) else raw
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:  # not JSON, or nested past Python's parser
             invalid.append(invalid_tool_call(name=name, args=raw, id=call_id, error=str(error)))
             continue
         if isinstance(args, dict) and isinstance(name, str):
