@@ -246,7 +246,7 @@ class Engines:
                 continue
             with contextlib.suppress(Exception):
                 if hasattr(driver, "terminate"):  # asyncpg
-                    driver.terminate()
+                    _terminate_asyncpg(driver)
                 elif (stopped := driver.stop()) is not None:  # aiosqlite: its thread closes the connection
                     stopping.append(stopped)
         state.drivers.clear()  # its pool still lists the dead connections: the engine is not reused
@@ -256,6 +256,23 @@ class Engines:
             with contextlib.suppress(asyncio.TimeoutError):
                 waiting = asyncio.gather(*stopping, return_exceptions=True)
                 await protect(asyncio.wait_for(waiting, _OTHER_LOOP_TIMEOUT))
+
+
+def _terminate_asyncpg(driver: Any) -> None:
+    """Terminate an asyncpg connection of a dead loop, its socket closed even if that loop is closed.
+
+    asyncio closes an aborted transport's socket in a callback it schedules
+    on the transport's loop.  A closed loop refuses it ("Event loop is
+    closed", raised once the transport is marked closing), and the socket
+    would stay open until the garbage collector warns "unclosed transport":
+    here the transport runs that callback itself (the loop never will).
+    """
+    with contextlib.suppress(RuntimeError):  # "Event loop is closed"
+        driver.terminate()
+    loop, transport = getattr(driver, "_loop", None), getattr(driver, "_transport", None)
+    if loop is not None and loop.is_closed() and getattr(transport, "_sock", None) is not None:
+        with contextlib.suppress(Exception):  # the protocol's clean-up may touch the closed loop too
+            transport._call_connection_lost(None)  # type: ignore[union-attr]
 
 
 def _start(watcher: AsyncGenerator[None, None]) -> None:

@@ -9,8 +9,10 @@ lock, and a loop's pool closes when the loop shuts down.
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import uuid
+import warnings
 from collections.abc import Callable
 
 import anyio
@@ -201,6 +203,36 @@ async def test_dispose_closes_the_pool_of_a_loop_running_in_another_thread(store
         other.call_soon_threadsafe(other.stop)
         runner.join(10)
         other.close()
+
+
+@pytest.mark.parametrize("engine", ENGINES, indirect=True)
+async def test_dispose_closes_the_pool_of_a_closed_loop_without_leaving_a_socket_to_the_collector(
+    store: Store, engine: str
+) -> None:
+    """A loop closed without `shutdown_asyncgens` (the Agents SDK's tests do so) leaves its pool to us."""
+    application, db = await tagged_database(store)
+
+    def dead_loop() -> None:
+        loop = asyncio.new_event_loop()
+
+        async def read() -> int:
+            async with db.unit_of_work(read_only=True) as uow:
+                return (await uow.agents.list()).total
+
+        assert loop.run_until_complete(read()) == 0
+        loop.close()
+
+    try:
+        await anyio.to_thread.run_sync(dead_loop)
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            await db.dispose()
+            gc.collect()  # an unclosed socket warns as it is collected
+        assert [str(w.message) for w in warned] == []
+        if engine == "postgres":
+            assert await postgres_backends(application) == 0
+    finally:
+        await db.dispose()
 
 
 async def test_an_in_memory_sqlite_database_refuses_a_second_loop() -> None:
