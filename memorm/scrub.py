@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import anyio
 import sqlalchemy as sa
 
-from memorm.models import AGENTS, EMBEDDING_MODELS, MESSAGES, PASSAGES, SESSIONS
+from memorm.rls import TENANT_TABLES
 from memorm.search.fts_ddl import FTS_INDEXES
 from memorm.search.text import merge_deleted
 from memorm.translate import READ_ONLY, translating
@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ScrubWarning", "Scrubbed", "scrub"]
 
-# The tables purges and `forget` delete from.
-_TABLES = (AGENTS, SESSIONS, MESSAGES, PASSAGES, EMBEDDING_MODELS)
+# Every table that holds a tenant's rows: those purges, `forget` and `delete_tenant` delete from
+# (the agents' names, the sessions' LangGraph checkpoints and the agents' stores included).
+_TABLES = TENANT_TABLES
 _CHECKPOINT_TRIES = 40
 WAL = "write-ahead log"  # SQLite's, in `Scrubbed.skipped` when a reader kept it from being truncated
 

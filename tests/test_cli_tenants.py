@@ -98,6 +98,12 @@ DELETED = [
     "deleted 0 graph_store_vectors",
 ]
 
+# What `memorm db scrub` vacuums on Postgres: every table a purge, `forget` or delete_tenant deletes from.
+SCRUBBED = (
+    "agents, agent_names, sessions, messages, archival_passages, embedding_models, graph_checkpoints, "
+    "graph_writes, graph_blobs, graph_store_items, graph_store_vectors"
+)
+
 
 def _fts(url: str, word: str) -> int:
     async def count() -> int:
@@ -236,9 +242,7 @@ def test_db_scrub_prints_what_it_cleaned(tenants: str, capsys: pytest.CaptureFix
             "truncated the write-ahead log",
         ]
     else:
-        assert out.splitlines() == [
-            "vacuumed agents, sessions, messages, archival_passages, embedding_models"
-        ]
+        assert out.splitlines() == [f"vacuumed {SCRUBBED}"]
 
 
 # -- memorm db create-role and the application role (Postgres) -----------------------
@@ -386,18 +390,18 @@ def test_the_application_role_runs_one_tenant_and_is_told_so_for_every_tenant(
     assert out.splitlines()[0] == "removed 1 agents"
     # Only the tables' owner may VACUUM them: the scrub says it skipped them, never that it cleaned them.
     assert err == (
-        "memorm: warning: scrub skipped agents, sessions, messages, archival_passages, embedding_models: "
+        f"memorm: warning: scrub skipped {SCRUBBED}: "
         "only their owner (or a superuser) may VACUUM a table or rebuild its indexes, so deleted rows' "
         "old versions stay in the files until a scrub runs as the owner (`memorm db scrub --url OWNER_URL`, "
         "or `await db.scrub()`)\n"
     )
     code, out, err = memorm(capsys, "db", "scrub", "--url", app)  # a scrub and nothing else: exit 1
     assert (code, out) == (1, "")
-    assert err.startswith("memorm: warning: scrub skipped agents, sessions, messages, archival_passages")
+    assert err.startswith(f"memorm: warning: scrub skipped {SCRUBBED}:")
     code, out, err = memorm(capsys, "db", "scrub", "--reindex", "--url", tenants)  # the owner's: all of it
     assert (code, err) == (0, "")
     assert out.splitlines() == [
-        "vacuumed agents, sessions, messages, archival_passages, embedding_models",
+        f"vacuumed {SCRUBBED}",
         "rebuilt ix_messages_search_words_fts, ix_archival_passages_search_words_fts",
     ]
     code, out, _ = memorm(capsys, "stats", "--tenant", "globex", "--url", app)

@@ -20,7 +20,20 @@ from memorm.scrub import Scrubbed, ScrubWarning
 
 pytestmark = pytest.mark.anyio
 
-TABLES = ("agents", "sessions", "messages", "archival_passages", "embedding_models")
+# Every table a purge, `forget` or `delete_tenant` deletes from.
+TABLES = (
+    "agents",
+    "agent_names",
+    "sessions",
+    "messages",
+    "archival_passages",
+    "embedding_models",
+    "graph_checkpoints",
+    "graph_writes",
+    "graph_blobs",
+    "graph_store_items",
+    "graph_store_vectors",
+)
 GIN = ("ix_messages_search_words_fts", "ix_archival_passages_search_words_fts")
 
 
@@ -75,7 +88,7 @@ async def test_the_application_roles_scrub_names_every_table_vacuum_skipped(stor
     async with app_role(store) as (owner, app, _):
         tenant = app.for_tenant("acme")
         await _person(tenant, "acme")
-        with pytest.warns(ScrubWarning, match="scrub skipped agents, sessions, messages") as warned:
+        with pytest.warns(ScrubWarning, match=f"scrub skipped {', '.join(TABLES)}:") as warned:
             removed = await forget(tenant, {"user_id": "u42"})
         assert len(warned) == 1  # once per scrub
         assert "only their owner (or a superuser) may VACUUM" in str(warned[0].message)
