@@ -8,7 +8,7 @@ turns any skipped Postgres test into a failed run.
 
 ``MEMORM_TEST_CITUS=1`` runs the Postgres tests that take ``db`` on the local
 Citus cluster instead (``../shared/recipes/citus-cluster``): the URL becomes
-a database of the cluster, and each test's schema is distributed by agent
+a database of the cluster (one per xdist worker), and each test's schema is distributed by agent
 (``db.distribute()``) before the test runs.  Tests marked ``single_node``
 (they check what a single server does: query plans, one connection's view)
 are left out then, and so are tests that build their own database from a URL.
@@ -59,7 +59,10 @@ CITUS = os.environ.get("MEMORM_TEST_CITUS") == "1"
 # beside the checkout.
 RECIPES = Path(os.environ.get("MEMORM_RECIPES") or Path(__file__).resolve().parents[2] / "shared" / "recipes")
 CITUS_RECIPE = RECIPES / "citus-cluster" if (RECIPES / "citus-cluster").is_file() else None
-CITUS_SUITE_DATABASE = "memorm_suite"
+# One suite database per xdist worker: the workers' tests then never share a schema pool.
+CITUS_SUITE_DATABASE = "memorm_suite" + (
+    f"_{os.environ['PYTEST_XDIST_WORKER']}" if "PYTEST_XDIST_WORKER" in os.environ else ""
+)
 
 
 def _citus_suite_url() -> str:
