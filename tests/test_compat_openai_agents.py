@@ -529,7 +529,7 @@ async def test_messages_written_through_memorm_read_as_items(db: Database) -> No
     assert await session.get_items() == head
 
 
-# -- loops and cancellation (found by the SDK's own tests, tests/compat_suites) ---
+# -- loops and cancellation (found by the SDK's own tests, tests/upstream) -------
 
 
 async def test_add_items_cancelled_as_its_commit_fails_raises_the_cancellation(db: Database) -> None:

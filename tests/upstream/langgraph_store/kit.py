@@ -1,7 +1,8 @@
-# Adapted from langgraph-checkpoint-postgres 3.2.0 (source distribution), tests/test_store.py and
-# tests/test_async_store.py (their store construction); see README.md here.
-# Copyright (c) 2024 LangChain, Inc. SPDX-License-Identifier: MIT (LICENSE, whole, is beside this file).
-"""How the vendored cases build their stores and reach their rows, on memorm."""
+"""How LangGraph's store cases build their stores and reach their rows, on memorm.
+
+The names here replace, in the upstream modules' namespaces, the ones that built a
+``PostgresStore`` or ran SQL on its ``store`` table (see ``suite.py``).
+"""
 
 from __future__ import annotations
 
@@ -19,26 +20,26 @@ from memorm.compat.langgraph import MemormStore
 from memorm.models import STORE_ITEMS
 from memorm.types import utcnow
 
-from .embed_test_utils import CharacterEmbeddings
-
 __all__ = [
     "CURRENT",
-    "VECTOR_TYPES",
     "AsyncSuiteStore",
-    "CharacterEmbeddings",
+    "aexpire_now",
+    "arow_exists",
     "arun",
+    "astored_expires_at",
     "avector_store_context",
     "count_rows",
     "expire_now",
+    "expire_now_in",
     "expires_at",
     "memorm_store",
+    "row_exists",
     "run",
+    "stored_expires_at",
     "updated_ago",
     "vector_store_context",
     "where",
 ]
-
-VECTOR_TYPES = ["vector", "halfvec"]  # memorm keeps float32 vectors for both: the parameter is ignored
 
 
 class AsyncSuiteStore(MemormStore):
@@ -80,7 +81,10 @@ def vector_store_on(
     text_fields: list[str] | None = None,
     enable_ttl: bool = True,
 ) -> MemormStore:
-    """What LangGraph's `_create_vector_store` makes: a store with semantic search, on the test's database."""
+    """What LangGraph's `_create_vector_store` makes: a store with semantic search, on the test's database.
+
+    `vector_type` (`vector`/`halfvec`) is ignored: memorm keeps float32 vectors for both.
+    """
     index = {
         "dims": fake_embeddings.dims,
         "embed": fake_embeddings,
@@ -141,3 +145,33 @@ def updated_ago(ns: tuple[str, ...], key: str, seconds: float) -> Any:
     """LangGraph's `UPDATE store SET updated_at = NOW() - (%s * INTERVAL '1 second') WHERE ...`."""
     then = utcnow() - timedelta(seconds=seconds)
     return sa.update(STORE_ITEMS).where(*where(ns, key)).values(updated_at=then)
+
+
+def expire_now_in(store: MemormStore, ns: tuple[str, ...], key: str) -> None:
+    """LangGraph's `_expire_now`: backdate an item's `expires_at` (sync)."""
+    run(store, expire_now(ns, key))
+
+
+def row_exists(store: MemormStore, ns: tuple[str, ...], key: str) -> bool:
+    """LangGraph's `_row_exists`: whether the item's row is still stored, expired or not (sync)."""
+    return bool(run(store, count_rows(ns, key))[0][0] == 1)
+
+
+def stored_expires_at(store: MemormStore, ns: tuple[str, ...], key: str) -> Any:
+    """LangGraph's `_stored_expires_at`: the item's stored `expires_at` (sync)."""
+    return run(store, expires_at(ns, key))[0][0]
+
+
+async def aexpire_now(store: MemormStore, ns: tuple[str, ...], key: str) -> None:
+    """LangGraph's `_aexpire_now`."""
+    await arun(store, expire_now(ns, key))
+
+
+async def arow_exists(store: MemormStore, ns: tuple[str, ...], key: str) -> bool:
+    """LangGraph's `_arow_exists`."""
+    return bool((await arun(store, count_rows(ns, key)))[0][0] == 1)
+
+
+async def astored_expires_at(store: MemormStore, ns: tuple[str, ...], key: str) -> Any:
+    """LangGraph's `_astored_expires_at`."""
+    return (await arun(store, expires_at(ns, key)))[0][0]

@@ -1,1 +1,0 @@
-"""Other projects' own test suites, run against memorm's adapters."""
