@@ -69,9 +69,14 @@ def alembic_config(url: str | None = None, *, connection: Connection | None = No
 
 
 @cache
+def _scripts() -> ScriptDirectory:
+    """memorm's migration scripts, read once per process (a read imports every revision's file)."""
+    return ScriptDirectory.from_config(alembic_config())
+
+
 def head_revision() -> str:
     """The newest revision this memorm ships."""
-    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    head = _scripts().get_current_head()
     if head is None:  # pragma: no cover - the package always ships revisions
         raise RuntimeError("memorm ships no migrations")
     return head
@@ -155,7 +160,8 @@ async def create_all(db: Database) -> None:
 
     def build(connection: Connection) -> None:
         metadata.create_all(connection)
-        command.stamp(alembic_config(connection=connection), "head")
+        # What `alembic stamp head` writes, without its reading every revision's file again.
+        MigrationContext.configure(connection).stamp(_scripts(), "head")
 
     await run_sync_on(db, build)
 
