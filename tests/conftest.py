@@ -537,15 +537,15 @@ async def db(store: Store) -> AsyncIterator[Database]:
     if store.engine == "sqlite":
         await _sqlite_schema(store.url)
     database = store.database()
-    if not store.ready and store.engine != "sqlite":
+    if store.engine == "postgres" and not store.ready:  # ready: a pooled Citus schema
         await database.create_all()
-    if CITUS and store.engine == "postgres" and not store.ready:
-        await database.distribute()
-        admin = await asyncpg.connect(asyncpg_dsn())
-        try:
-            await _citus_remember(admin, str(store.schema))
-        finally:
-            await admin.close()
+        if CITUS:
+            await database.distribute()
+            admin = await asyncpg.connect(asyncpg_dsn())
+            try:
+                await _citus_remember(admin, str(store.schema))
+            finally:
+                await admin.close()
     if not (APP_ROLE and store.engine == "postgres"):
         try:
             yield database
