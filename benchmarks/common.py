@@ -106,7 +106,7 @@ class Store:
         """
         import aiosqlite
 
-        from memorm.db import SQLITE_BUSY_TIMEOUT_MS
+        from memorm.connections import SQLITE_BUSY_TIMEOUT_MS
 
         assert self.path is not None
         connection = await aiosqlite.connect(self.path, isolation_level=None)

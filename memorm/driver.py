@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 
+from memorm.connection_state import WATCHERS, sent
 from memorm.tenancy import TENANT
 from memorm.translate import check_writable, guarded
 from memorm.types.datetime import UTCDateTime
@@ -48,30 +49,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COPY_THRESHOLD",
-    "WATCHERS",
     "Insert",
     "OnConflict",
     "fetch",
-    "in_transaction",
     "insert_many",
     "insert_rows",
-    "interrupt",
-    "sent",
 ]
 
 Processor = Callable[[Any], Any] | None
 OnConflict = Literal["error", "ignore", "update"]  # what an insert does with a row whose key is taken
-Watcher = Callable[[Any, str, Sequence[Any]], None]  # (the link's pool, SQL, parameters)
-WATCHERS: list[Watcher] = []  # `memorm.testing.capture_statements`: what memorm sends on the driver
-
-
-def sent(link: Link, sql: str, values: Sequence[Any] = ()) -> None:
-    """Tell the watchers (if any: tests, benchmarks) about a statement sent on the driver."""
-    pool = link.engine.sync_engine.pool
-    for watcher in WATCHERS:
-        watcher(pool, sql, values)
-
-
 COPY_THRESHOLD = 64  # rows; below this a prepared INSERT beats COPY's set-up on Postgres
 _UNSET = object()
 Rows = Sequence[Sequence[Any]] | Sequence[Mapping[str, Any]]
@@ -135,9 +121,9 @@ async def insert_many(
         if link.sqlite:  # the BEGIN, if one is due, goes along (see _sqlite_run)
             if WATCHERS:
                 if link.needs_begin:
-                    sent(link, "BEGIN IMMEDIATE")
+                    sent(link.engine, "BEGIN IMMEDIATE")
                 for sql, values, _ in statements:
-                    sent(link, sql, values)
+                    sent(link.engine, sql, values)
             await _sqlite_run(link, statements)
             return
         if not link.commits_alone(len(statements)):
@@ -145,14 +131,14 @@ async def insert_many(
         driver = link.driver
         if before is not None:
             if WATCHERS:
-                sent(link, before[0], before[1])
+                sent(link.engine, before[0], before[1])
             await driver.execute(before[0], *before[1])
         for table, names, records, sql, on_conflict in prepared:
             # A unit of work that sets its tenant runs under row-level security, and Postgres
             # refuses COPY FROM to a table with row-level security.  COPY knows no conflicts.
             copy = TENANT not in link.info and on_conflict == "error" and len(records) >= COPY_THRESHOLD
             if WATCHERS:
-                sent(link, f"COPY {table.name}" if copy else sql, records)
+                sent(link.engine, f"COPY {table.name}" if copy else sql, records)
             if copy:
                 await driver.copy_records_to_table(table.name, records=records, columns=names)
             elif len(records) == 1:
@@ -279,14 +265,14 @@ async def fetch(link: Link, statement: Any, params: dict[str, Any]) -> list[tupl
     if link.sqlite:
         if WATCHERS:
             if link.needs_begin:  # it goes along (see _sqlite_run)
-                sent(link, "BEGIN IMMEDIATE")
-            sent(link, sql, values)
+                sent(link.engine, "BEGIN IMMEDIATE")
+            sent(link.engine, sql, values)
         rows = await _sqlite_run(link, [(sql, values, False)])
     else:
         if not link.commits_alone():
             await link.ready()
         if WATCHERS:
-            sent(link, sql, values)
+            sent(link.engine, sql, values)
         if link.fresh and link.read_only:  # a read first: again on a fresh connection if this one died
             rows = await link.first_trip(lambda: link.driver.fetch(sql, *values))
         else:
@@ -333,7 +319,7 @@ async def _sqlite_run(link: Link, statements: Sequence[Statement]) -> list[Any]:
     if commit:
         link.begun = False
         if WATCHERS:
-            sent(link, "COMMIT")
+            sent(link.engine, "COMMIT")
     return rows
 
 
@@ -412,22 +398,3 @@ def _decode(rows: Sequence[Sequence[Any]], decoders: Sequence[Decoder | None]) -
                 last_in[index] = value
         decoded.append(tuple(values))
     return decoded
-
-
-def in_transaction(driver: Any) -> bool:
-    """Whether a driver connection is inside a transaction (so must not go back to the pool)."""
-    if hasattr(driver, "is_in_transaction"):  # asyncpg
-        return bool(driver.is_in_transaction())
-    return bool(driver.in_transaction)  # aiosqlite
-
-
-async def interrupt(driver: Any) -> None:
-    """Stop a statement still running on a connection that is being abandoned.
-
-    aiosqlite runs statements in a thread that cancelling the task cannot
-    stop; `sqlite3_interrupt` can, from any thread.  asyncpg has already
-    asked the server to cancel the statement (a CancelRequest) when its task
-    was cancelled.
-    """
-    if hasattr(driver, "interrupt"):  # aiosqlite
-        await driver.interrupt()

@@ -25,7 +25,7 @@ import contextlib
 import threading
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -35,9 +35,31 @@ from sqlalchemy.util.concurrency import in_greenlet
 from memorm.concurrency import BLOCKED, Gate, protect
 from memorm.errors import ValidationError
 
-__all__ = ["Engines", "LoopEngine", "NeedsBridge", "bridged", "is_closed"]
+__all__ = ["Engines", "LoopEngine", "NeedsBridge", "Reachable", "bridged", "is_closed"]
 
 _OTHER_LOOP_TIMEOUT = 10.0  # seconds dispose() waits for another running loop to close its pool
+
+
+class Reachable(Protocol):
+    """A database the services below `Database` reach: a [`Backend`][memorm.backend.Backend], or a `Database`.
+
+    Migrations, distribution, roles and the schema facts take this rather
+    than `Database`, so they sit below it and it can call them.
+    """
+
+    @property
+    def engine(self) -> AsyncEngine:
+        """The engine (pool) of the running event loop."""
+        ...
+
+    @property
+    def dialect(self) -> str:
+        """`"sqlite"` or `"postgresql"`."""
+        ...
+
+    async def check_schema(self) -> None:
+        """Raise `SchemaError` unless the schema is at the head revision."""
+        ...
 
 
 class NeedsBridge(Exception):

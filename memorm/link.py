@@ -73,7 +73,7 @@ from sqlalchemy.pool import PoolProxiedConnection, QueuePool
 from sqlalchemy.sql import Executable
 from sqlalchemy.util import greenlet_spawn
 
-from memorm.driver import WATCHERS, in_transaction, sent
+from memorm.connection_state import WATCHERS, in_transaction, sent
 from memorm.engines import is_closed
 from memorm.tenancy import begin_statements
 from memorm.translate import lost
@@ -300,7 +300,7 @@ class Link:
     async def _send(self, statement: str) -> None:
         """A transaction statement, on the driver (one round trip, or one hop to aiosqlite's thread)."""
         if WATCHERS:
-            sent(self, statement)
+            sent(self.engine, statement)
         if self.sqlite:
             await self.driver.execute_fetchall(statement)
         else:

@@ -1,7 +1,7 @@
 """Alembic, driven programmatically and from `migrations/env.py`.
 
 Both paths run migrations through `run_sync_on`, which opens one
-connection of a [`Database`][memorm.db.Database] (so SQLite gets its pragmas and
+connection of a [`Backend`][memorm.backend.Backend] (so SQLite gets its pragmas and
 Postgres its pgvector codec) and runs alembic inside one transaction.  On
 SQLite, foreign keys are switched off for the migration: batch migrations
 rebuild tables, and dropping the old copy with foreign keys on would cascade
@@ -12,26 +12,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
-from functools import cache
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
+import sqlalchemy as sa
 from alembic import command
-from alembic.config import Config
+from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.runtime.environment import EnvironmentContext
-from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from memorm.backend import Backend
 from memorm.concurrency import protect
+from memorm.engines import Reachable
+from memorm.errors import SchemaError
 from memorm.models import metadata
-from memorm.search.fts_ddl import is_fts_object
-from memorm.translate import MANAGED
-
-if TYPE_CHECKING:
-    from memorm.db import Database
+from memorm.rls import TENANT_TABLES, policy_statements
+from memorm.schema_state import (
+    DISTRIBUTION,
+    alembic_config,
+    current_revision,
+    head_revision,
+    is_distributed,
+    script_location,
+    scripts,
+    unshardable_indexes,
+)
+from memorm.search.fts_ddl import FTS_INDEXES, is_fts_object
+from memorm.translate import MANAGED, READ_ONLY
 
 __all__ = [
     "alembic_config",
@@ -48,41 +57,7 @@ __all__ = [
 T = TypeVar("T")
 
 
-def script_location() -> Path:
-    """The `migrations` folder: inside the installed package, or beside it in a checkout."""
-    package = Path(__file__).resolve().parent
-    for candidate in (package / "migrations", package.parent / "migrations"):
-        if (candidate / "env.py").is_file():
-            return candidate
-    raise FileNotFoundError("memorm's migrations folder is missing from this installation")
-
-
-def alembic_config(url: str | None = None, *, connection: Connection | None = None) -> Config:
-    """An alembic `Config` for memorm's migrations (no ini file needed)."""
-    config = Config()
-    config.set_main_option("script_location", str(script_location()))
-    if url is not None:
-        config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
-    if connection is not None:
-        config.attributes["connection"] = connection
-    return config
-
-
-@cache
-def _scripts() -> ScriptDirectory:
-    """memorm's migration scripts, read once per process (a read imports every revision's file)."""
-    return ScriptDirectory.from_config(alembic_config())
-
-
-def head_revision() -> str:
-    """The newest revision this memorm ships."""
-    head = _scripts().get_current_head()
-    if head is None:  # pragma: no cover - the package always ships revisions
-        raise RuntimeError("memorm ships no migrations")
-    return head
-
-
-async def run_sync_on(db: Database, fn: Callable[[Connection], T]) -> T:
+async def run_sync_on(db: Reachable, fn: Callable[[Connection], T]) -> T:
     """Run `fn(connection)` in one migration transaction, then reset the pool.
 
     The pool is disposed afterwards so that every new connection sees the new
@@ -140,52 +115,59 @@ async def _drop(connection: AsyncConnection) -> None:
         await connection.close()
 
 
-async def _close_and_dispose(db: Database, connection: AsyncConnection) -> None:
+async def _close_and_dispose(db: Reachable, connection: AsyncConnection) -> None:
     await connection.close()
     await db.engine.dispose()
 
 
-async def upgrade(db: Database, revision: str = "head") -> None:
+async def upgrade(db: Reachable, revision: str = "head") -> None:
     """`alembic upgrade revision` on `db`."""
     await run_sync_on(db, lambda c: command.upgrade(alembic_config(connection=c), revision))
 
 
-async def downgrade(db: Database, revision: str) -> None:
+async def downgrade(db: Reachable, revision: str) -> None:
     """`alembic downgrade revision` on `db`."""
     await run_sync_on(db, lambda c: command.downgrade(alembic_config(connection=c), revision))
 
 
-async def create_all(db: Database) -> None:
+def _table_extras(dialect: str, made: list[sa.Table]) -> list[str]:
+    """What the models do not declare, for the tables `create_all` made: full-text indexes, RLS policies.
+
+    The same objects the migrations create (their own frozen copies of the statements).
+    """
+    statements: list[str] = []
+    for table in made:
+        if dialect == "postgresql" and table in TENANT_TABLES:
+            statements += policy_statements(table.name)
+        for index in FTS_INDEXES:
+            if index.table is table:
+                statements += index.sqlite_create() if dialect == "sqlite" else index.postgres_create()
+    return statements
+
+
+async def create_all(db: Reachable) -> None:
     """Create the schema straight from the models and stamp it at head."""
 
     def build(connection: Connection) -> None:
+        existing = set(sa.inspect(connection).get_table_names())
         metadata.create_all(connection)
+        made = [table for table in metadata.sorted_tables if table.name not in existing]
+        for statement in _table_extras(connection.dialect.name, made):
+            connection.exec_driver_sql(statement)
         # What `alembic stamp head` writes, without its reading every revision's file again.
-        MigrationContext.configure(connection).stamp(_scripts(), "head")
+        MigrationContext.configure(connection).stamp(scripts(), "head")
 
     await run_sync_on(db, build)
 
 
-async def current_revision(db: Database) -> str | None:
-    """The schema's current revision, or None where memorm never migrated."""
-    from memorm.translate import READ_ONLY
-
-    engine = db.engine.execution_options(**{READ_ONLY: True})
-    async with engine.connect() as connection:
-        revision: str | None = await connection.run_sync(
-            lambda c: MigrationContext.configure(c).get_current_revision()
-        )
-    return revision
-
-
-async def check_drift(db: Database) -> list[str]:
+async def check_drift(db: Reachable) -> list[str]:
     """How the live schema differs from memorm's models, one line per difference (empty: none).
 
     Alembic's autogenerate compares the models with the database
     (`compare_type=True`), ignoring the full-text objects, tables of other
     applications and the HNSW indexes built at run time
-    (`memorm.drift.include_name`), and on a distributed database the unique
-    indexes its tables cannot hold (`memorm.distribute.unshardable_indexes`).
+    (`drift_include_name`), and on a distributed database the unique
+    indexes its tables cannot hold (`memorm.schema_state.unshardable_indexes`).
 
     Raises:
         SchemaError: the schema is not at the head revision (the message names
@@ -199,14 +181,6 @@ async def check_drift(db: Database) -> list[str]:
                 print(difference)
         ```
     """
-    from alembic.autogenerate import compare_metadata
-
-    from memorm.distribute import DISTRIBUTION, is_distributed, unshardable_indexes
-    from memorm.drift import describe_all
-    from memorm.drift import include_name as drift_filter
-    from memorm.errors import SchemaError
-    from memorm.translate import READ_ONLY
-
     current, head = await current_revision(db), head_revision()
     if current != head:
         where = "has no memorm schema" if current is None else f"is at revision {current}"
@@ -216,7 +190,7 @@ async def check_drift(db: Database) -> list[str]:
         dropped.update(name for table, column in DISTRIBUTION for name in unshardable_indexes(table, column))
 
     def included(name: str | None, type_: str, parent_names: Any) -> bool:
-        return drift_filter(name, type_, parent_names) and not (type_ == "index" and name in dropped)
+        return drift_include_name(name, type_, parent_names) and not (type_ == "index" and name in dropped)
 
     def in_model(item: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
         # include_name sees what the database has; a model's index it lacks comes here.
@@ -235,6 +209,73 @@ def include_name(name: str | None, type_: str, parent_names: Any) -> bool:
     return not is_fts_object(name)
 
 
+# HNSW indexes made at run time by ``uow.passages.ensure_index`` (memorm.search.vector.index_name).
+RUNTIME_INDEX_PREFIX = "ix_archival_passages_hnsw_"
+
+
+def drift_include_name(name: str | None, type_: str, parent_names: Any) -> bool:
+    """The migrations' filter, plus what a live database legitimately holds beyond the models.
+
+    Tables of other applications sharing the database are not memorm's
+    business, and the HNSW indexes `ensure_index` builds on demand are
+    expected; neither counts as drift.
+    """
+    if not include_name(name, type_, parent_names):
+        return False
+    if type_ == "table":
+        return name in metadata.tables
+    return not (type_ == "index" and name is not None and name.startswith(RUNTIME_INDEX_PREFIX))
+
+
+def _column(table: str, column: Any) -> str:
+    name = column.name if isinstance(column, sa.Column) else column
+    return f"column {table}.{name}"
+
+
+def _constraint(kind: str, constraint: Any) -> str:
+    table = getattr(constraint, "table", None)
+    where = f" on {table.name}" if table is not None else ""
+    columns = ", ".join(c.name for c in getattr(constraint, "columns", ()))
+    over = f" ({columns})" if columns else ""
+    return f"{kind} {constraint.name or '(unnamed)'}{where}{over}"
+
+
+_KINDS = {"index": "index", "constraint": "constraint", "fk": "foreign key"}
+
+
+def describe(diff: Any) -> str:
+    """One line for one entry of `alembic.autogenerate.compare_metadata`'s result."""
+    if isinstance(diff, list):  # column modifications come grouped per column
+        return "; ".join(describe(item) for item in diff)
+    op = diff[0]
+    action, _, kind = op.partition("_")
+    if kind == "table":
+        what = f"table {diff[1].name}"
+    elif kind == "column":
+        what = _column(diff[2], diff[3])
+    elif kind in _KINDS:
+        what = _constraint(_KINDS[kind], diff[1])
+    elif action == "modify":
+        column = _column(diff[2], diff[3])
+        database, models = diff[5], diff[6]
+        if kind == "nullable":
+            database = "NULL" if database else "NOT NULL"
+            models = "NULL" if models else "NOT NULL"
+        return f"{column}: the database has {kind} {database}, memorm's models {models}"
+    else:
+        return f"{op}: {diff[1:]}"
+    if action == "add":
+        return f"{what} is missing from the database"
+    if action == "remove":
+        return f"the database has {what}, which memorm's models do not"
+    return f"{op}: {what}"
+
+
+def describe_all(diffs: Iterable[Any]) -> list[str]:
+    """`describe` each difference."""
+    return [describe(diff) for diff in diffs]
+
+
 def _configure(context: EnvironmentContext, **options: Any) -> None:
     context.configure(
         target_metadata=metadata,
@@ -249,7 +290,7 @@ def run_env(context: EnvironmentContext) -> None:
     """The body of `migrations/env.py`.
 
     With a connection in `config.attributes` (the programmatic path) it
-    migrates on that; otherwise it opens a [`Database`][memorm.db.Database] on the URL given by
+    migrates on that; otherwise it opens a [`Backend`][memorm.backend.Backend] on the URL given by
     `-x url=…`, `sqlalchemy.url`, `MEMORM_DATABASE_URL` or the default.
     """
     config = context.config
@@ -272,13 +313,11 @@ def run_env(context: EnvironmentContext) -> None:
         migrate(connection)
         return
 
-    from memorm.db import Database
-
     async def main() -> None:
-        db = Database(url or None)
+        backend = Backend(url or None)
         try:
-            await run_sync_on(db, migrate)
+            await run_sync_on(backend, migrate)
         finally:
-            await db.dispose()
+            await backend.dispose()
 
     asyncio.run(main())

@@ -30,65 +30,28 @@ removed = await purge_expired(db, all_tenants=True)      # every tenant's
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
 from itertools import groupby
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 
-from memorm.errors import NotFoundError, ValidationError
+from memorm.errors import NotFoundError
 from memorm.models import AGENTS
 from memorm.progress import Reporter, Silent
+from memorm.removal import DEFAULT_BATCH, Removed, check_batch
+from memorm.scrub import scrub as scrub_database
 from memorm.translate import translating
 from memorm.types import utcnow
+from memorm.uow import UnitOfWork, UnitsOfWork
 from memorm.validation import check_aware, check_flag, check_text
-
-if TYPE_CHECKING:
-    from memorm.db import Database
-    from memorm.scrub import Scrubbed
-    from memorm.uow import UnitOfWork
 
 __all__ = ["DEFAULT_BATCH", "Removed", "forget", "purge_expired", "purge_older_than"]
 
-DEFAULT_BATCH = 1000
-MAX_BATCH = 100_000
 _AGENT_PAGE = 1000
-
-
-@dataclass(frozen=True)
-class Removed:
-    """How many rows of each kind a purge or `forget` deleted (or, in a dry run, would delete).
-
-    Cascades count: a deleted session's messages are in `messages`.
-    `scrubbed` is what the scrub `forget` runs afterwards cleared and
-    skipped ([`Scrubbed`][memorm.scrub.Scrubbed]; None when no scrub ran); it
-    is not a count, and equality, sums and `as_dict` leave it out.
-    """
-
-    agents: int = 0
-    sessions: int = 0
-    messages: int = 0
-    passages: int = 0
-    scrubbed: Scrubbed | None = dataclasses.field(default=None, compare=False)
-
-    def __add__(self, other: Removed) -> Removed:
-        return Removed(**{kind: getattr(self, kind) + getattr(other, kind) for kind in _COUNTS})
-
-    @property
-    def total(self) -> int:
-        """Rows of every kind together."""
-        return self.agents + self.sessions + self.messages + self.passages
-
-    def as_dict(self) -> dict[str, int]:
-        """`{"agents": …, "sessions": …, "messages": …, "passages": …}`."""
-        return {kind: getattr(self, kind) for kind in _COUNTS}
-
-
-_COUNTS = ("agents", "sessions", "messages", "passages")
 
 
 class _Tally:
@@ -108,13 +71,7 @@ class _Tally:
         return removed
 
 
-def check_batch(batch: object) -> int:
-    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
-        raise ValidationError(f"batch: expected an integer from 1 to {MAX_BATCH:,}, got {batch!r}")
-    return batch
-
-
-def _unit_of_work(db: Database, all_tenants: bool, *, read_only: bool = False) -> UnitOfWork:
+def _unit_of_work(db: UnitsOfWork, all_tenants: bool, *, read_only: bool = False) -> UnitOfWork:
     """A unit of work in `db`'s tenant, or across every tenant."""
     if all_tenants:
         return db.unit_of_work(read_only=read_only, all_tenants=True)
@@ -122,7 +79,7 @@ def _unit_of_work(db: Database, all_tenants: bool, *, read_only: bool = False) -
 
 
 async def purge_expired(
-    db: Database,
+    db: UnitsOfWork,
     *,
     now: datetime | None = None,
     batch: int = DEFAULT_BATCH,
@@ -155,7 +112,7 @@ async def purge_expired(
 
 
 async def purge_older_than(
-    db: Database,
+    db: UnitsOfWork,
     cutoff: datetime,
     *,
     agent: str | uuid.UUID | None = None,
@@ -215,7 +172,7 @@ async def purge_older_than(
 
 
 async def forget(
-    db: Database,
+    db: UnitsOfWork,
     where: Mapping[str, Any],
     *,
     dry_run: bool = False,
@@ -249,11 +206,11 @@ async def forget(
         removed = await uow.agents.forget(where)
     tally.add(removed)
     if scrub and removed.total:
-        return replace(tally.total, scrubbed=await db.scrub(reindex=reindex))
+        return replace(tally.total, scrubbed=await scrub_database(db, reindex=reindex))
     return tally.total
 
 
-async def _agents(db: Database, agent: str | uuid.UUID | None) -> list[uuid.UUID]:
+async def _agents(db: UnitsOfWork, agent: str | uuid.UUID | None) -> list[uuid.UUID]:
     """The ids of the named agent (by name or id), or of every agent (read a page at a time)."""
     async with db.unit_of_work(read_only=True) as uow:
         if isinstance(agent, uuid.UUID):
@@ -271,7 +228,9 @@ async def _agents(db: Database, agent: str | uuid.UUID | None) -> list[uuid.UUID
                 return owners
 
 
-async def _agents_of_every_tenant(db: Database, agent: str | uuid.UUID | None) -> list[tuple[str, uuid.UUID]]:
+async def _agents_of_every_tenant(
+    db: UnitsOfWork, agent: str | uuid.UUID | None
+) -> list[tuple[str, uuid.UUID]]:
     """The `(tenant, id)` of the named agent in every tenant (by name or id), or of every agent.
 
     In tenant order, so that the agents of one tenant come together.

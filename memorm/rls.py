@@ -9,38 +9,20 @@ with `BYPASSRLS` are not subject to policies (Postgres' rule): they are for
 migrations and cross-tenant maintenance, never for the application
 (docs/tenancy.md).  Migration 0008 creates the same objects (its own frozen
 copy of these statements), 0012 for the graph-state tables, 0013 for the graph
-store's; `create_all` runs them too.
+store's; `memorm.migrate.create_all` runs them too, on the tables it makes.
 """
 
 from __future__ import annotations
 
 import sqlalchemy as sa
 
-from memorm.models import (
-    AGENT_NAMES,
-    AGENTS,
-    CHECKPOINT_TABLES,
-    EMBEDDING_MODELS,
-    MESSAGES,
-    PASSAGES,
-    SESSIONS,
-    STORE_TABLES,
-)
+from memorm.models import TABLES
 from memorm.tenancy import TENANT_SETTING
 
 __all__ = ["POLICY", "TENANT_TABLES", "policy_statements"]
 
 POLICY = "memorm_tenant"
-TENANT_TABLES: tuple[sa.Table, ...] = (
-    AGENTS,
-    AGENT_NAMES,
-    SESSIONS,
-    MESSAGES,
-    PASSAGES,
-    EMBEDDING_MODELS,
-    *CHECKPOINT_TABLES,
-    *STORE_TABLES,
-)
+TENANT_TABLES: tuple[sa.Table, ...] = TABLES  # every table of memorm's holds a tenant's rows
 _OWN = f"tenant = current_setting('{TENANT_SETTING}', true)"
 
 
@@ -51,16 +33,3 @@ def policy_statements(table: str) -> list[str]:
         f"ALTER TABLE {table} FORCE ROW LEVEL SECURITY",
         f"CREATE POLICY {POLICY} ON {table} USING ({_OWN}) WITH CHECK ({_OWN})",
     ]
-
-
-def _attach(table: sa.Table) -> None:
-    def create(target: sa.Table, connection: sa.Connection, **_: object) -> None:
-        if connection.dialect.name == "postgresql":
-            for statement in policy_statements(target.name):
-                connection.exec_driver_sql(statement)
-
-    sa.event.listen(table, "after_create", create)
-
-
-for _table in TENANT_TABLES:
-    _attach(_table)

@@ -22,17 +22,15 @@ import base64
 import hashlib
 import hmac
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from memorm.engines import Reachable
 from memorm.errors import ValidationError
 from memorm.models import metadata
 from memorm.translate import translating
-
-if TYPE_CHECKING:
-    from memorm.db import Database
 
 __all__ = ["SCRAM_ITERATIONS", "create_role", "scram_sha_256"]
 
@@ -152,7 +150,7 @@ class _Session:
         return await self.connection.scalar(sa.text(query), params)
 
 
-async def create_role(db: Database, role: str, *, password: str | None = None) -> list[str]:
+async def create_role(db: Reachable, role: str, *, password: str | None = None) -> list[str]:
     """Create `role`, or bring an existing one in line: a login role subject to row-level security.
 
     `db` connects as an administrator (a superuser, or a role with

@@ -12,19 +12,16 @@ names the others in [`Scrubbed.skipped`][memorm.scrub.Scrubbed] and in a
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import anyio
 import sqlalchemy as sa
 
+from memorm.removal import Scrubbed
 from memorm.rls import TENANT_TABLES
 from memorm.search.fts_ddl import FTS_INDEXES
 from memorm.search.text import merge_deleted
 from memorm.translate import READ_ONLY, translating
-
-if TYPE_CHECKING:
-    from memorm.db import Database
+from memorm.uow import UnitsOfWork
 
 __all__ = ["ScrubWarning", "Scrubbed", "scrub"]
 
@@ -56,32 +53,7 @@ class ScrubWarning(UserWarning):
     """
 
 
-@dataclass(frozen=True)
-class Scrubbed:
-    """What [`Database.scrub`][memorm.db.Database.scrub] cleared, and what it had to leave.
-
-    Attributes:
-        vacuumed: Postgres: memorm's tables `VACUUM` cleaned.
-        reindexed: Postgres: the full-text indexes rebuilt (`reindex=True`).
-        merged: SQLite: the full-text indexes merged.
-        skipped: what still holds deleted rows' traces: on Postgres the
-            tables (and, with `reindex=True`, the indexes) the role may
-            not clean, being neither their owner nor a superuser; on SQLite
-            `"write-ahead log"` when a reader kept it from being truncated.
-    """
-
-    vacuumed: tuple[str, ...] = ()
-    reindexed: tuple[str, ...] = ()
-    merged: tuple[str, ...] = ()
-    skipped: tuple[str, ...] = ()
-
-    @property
-    def complete(self) -> bool:
-        """Whether nothing was skipped."""
-        return not self.skipped
-
-
-async def scrub(db: Database, *, reindex: bool = False) -> Scrubbed:
+async def scrub(db: UnitsOfWork, *, reindex: bool = False) -> Scrubbed:
     """Clear what the files still hold of deleted rows; see [`Database.scrub`][memorm.db.Database.scrub]."""
     await db.check_schema()
     if db.dialect == "sqlite":
@@ -107,7 +79,7 @@ def _warn(message: str) -> None:
     warnings.warn(message, ScrubWarning, stacklevel=4)
 
 
-async def _scrub_sqlite(db: Database) -> Scrubbed:
+async def _scrub_sqlite(db: UnitsOfWork) -> Scrubbed:
     async with db.unit_of_work() as uow:
         for index in FTS_INDEXES:
             await merge_deleted(uow.link, index)
@@ -123,7 +95,7 @@ async def _scrub_sqlite(db: Database) -> Scrubbed:
     return Scrubbed(merged=merged, skipped=(WAL,))
 
 
-async def _scrub_postgres(db: Database, reindex: bool) -> Scrubbed:
+async def _scrub_postgres(db: UnitsOfWork, reindex: bool) -> Scrubbed:
     with translating():
         async with db.engine.connect() as connection:
             outside = await connection.execution_options(isolation_level="AUTOCOMMIT")

@@ -7,20 +7,17 @@ is importable from here too).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from memorm.models import (
     AGENT_NAMES,
     AGENTS,
-    CHECKPOINT_TABLES,
+    DATA_TABLES,
     EMBEDDING_MODELS,
     MESSAGES,
     PASSAGES,
     SESSIONS,
-    STORE_TABLES,
 )
 from memorm.progress import Reporter, Silent
 from memorm.roles import SCRAM_ITERATIONS, create_role, scram_sha_256
@@ -28,10 +25,8 @@ from memorm.search.fts_ddl import FTS_INDEXES
 from memorm.search.text import merge_deleted
 from memorm.tenancy import check_tenant
 from memorm.translate import translating
+from memorm.uow import UnitsOfWork
 from memorm.validation import check_flag, check_int
-
-if TYPE_CHECKING:
-    from memorm.db import Database
 
 __all__ = [
     "DELETE_BATCH",
@@ -45,22 +40,14 @@ __all__ = [
 DELETE_BATCH = 5_000  # rows per DELETE (and per transaction) in delete_tenant
 _NAMES_AT_ONCE = 1_000  # agent ids per statement on the names: far below any driver's limit on parameters
 # Children first: each batch deletes rows no other row still points to.
-_DELETE_ORDER: tuple[sa.Table, ...] = (
-    MESSAGES,
-    *CHECKPOINT_TABLES,
-    *reversed(STORE_TABLES),
-    PASSAGES,
-    SESSIONS,
-    EMBEDDING_MODELS,
-    AGENTS,
-)
+_DELETE_ORDER: tuple[sa.Table, ...] = tuple(reversed(DATA_TABLES))
 # The tables `list_tenants` counts per tenant.
 _TABLES: tuple[sa.Table, ...] = (AGENTS, EMBEDDING_MODELS, SESSIONS, MESSAGES, PASSAGES)
 # The tables `delete_tenant` counts: those, the graph state of the sessions and the graph stores.
-_DELETED: tuple[sa.Table, ...] = (*_TABLES, *CHECKPOINT_TABLES, *STORE_TABLES)
+_DELETED: tuple[sa.Table, ...] = DATA_TABLES
 
 
-async def list_tenants(db: Database) -> dict[str, dict[str, int]]:
+async def list_tenants(db: UnitsOfWork) -> dict[str, dict[str, int]]:
     """Every tenant with its row count per table, by tenant name.
 
     Reads across tenants: on Postgres the role must bypass row-level security.
@@ -76,7 +63,7 @@ async def list_tenants(db: Database) -> dict[str, dict[str, int]]:
 
 
 async def delete_tenant(
-    db: Database,
+    db: UnitsOfWork,
     tenant: str,
     *,
     batch: int = DELETE_BATCH,
@@ -164,7 +151,7 @@ async def _delete_agents(session: AsyncSession, owner: str, size: int) -> int:
     return len(gone)
 
 
-async def _delete_orphan_names(view: Database, owner: str, size: int) -> None:
+async def _delete_orphan_names(view: UnitsOfWork, owner: str, size: int) -> None:
     """Delete the tenant's names whose agent is gone (left by a deletion of an older memorm, cut short).
 
     A page of names at a time, each page its own transaction: the names are

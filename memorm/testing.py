@@ -52,6 +52,7 @@ import pytest
 
 if TYPE_CHECKING:
     from memorm import Agent, Database, Message, Session, UnitOfWork
+    from memorm.engines import Reachable
 
 __all__ = [
     "URL_ENV",
@@ -68,8 +69,8 @@ __all__ = [
 
 
 @contextmanager
-def capture_statements(db: Database, containing: str = "") -> Iterator[list[tuple[str, Any]]]:
-    """The statements (SQL, parameters) `db` sends inside the block, in order.
+def capture_statements(db: Reachable, containing: str = "") -> Iterator[list[tuple[str, Any]]]:
+    """The statements (SQL, parameters) `db` (a `Database` or `uow.backend`) sends in the block, in order.
 
     Both kinds: those memorm sends on the driver connection itself (its hot
     paths, `BEGIN`/`COMMIT`) and those that go through SQLAlchemy (your
@@ -86,7 +87,7 @@ def capture_statements(db: Database, containing: str = "") -> Iterator[list[tupl
     """
     from sqlalchemy import event
 
-    from memorm.driver import WATCHERS
+    from memorm.connection_state import WATCHERS
 
     engine = db.engine.sync_engine
     sent: list[tuple[str, Any]] = []

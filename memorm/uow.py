@@ -31,16 +31,17 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from typing import Any, Generic, Protocol, TypeVar, overload
 
 import anyio
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.pool import PoolProxiedConnection
 from sqlalchemy.util import greenlet_spawn
 
+from memorm.backend import Backend
 from memorm.concurrency import CrossLoopLock, Gate, protect
-from memorm.driver import in_transaction, interrupt
-from memorm.engines import LoopEngine, NeedsBridge, is_closed
+from memorm.connection_state import in_transaction, interrupt
+from memorm.engines import LoopEngine, NeedsBridge, Reachable, is_closed
 from memorm.errors import DatabaseError, MemormError, PoolTimeoutError, ValidationError
 from memorm.link import Link
 from memorm.repositories import (
@@ -52,14 +53,11 @@ from memorm.repositories import (
     StoreRepository,
 )
 from memorm.routing import DISTRIBUTED, ROUTES
-from memorm.search.vector import ARCHIVE_WRITES
+from memorm.search.vector_scan import ARCHIVE_WRITES, VectorCache
 from memorm.tenancy import DEFAULT_TENANT, TENANT
 from memorm.translate import FAILED, INTERRUPTED, MANAGED, READ_ONLY, failure, translating
 
-if TYPE_CHECKING:
-    from memorm.db import Database
-
-__all__ = ["UnitOfWork"]
+__all__ = ["UnitOfWork", "UnitsOfWork"]
 
 R = TypeVar("R")
 
@@ -108,26 +106,28 @@ class UnitOfWork:
             transaction, for queries of your own (made on first use).
     """
 
-    db: Database
+    backend: Backend
     tenant: str | None  # None: all tenants (maintenance)
     agents = _Repository(lambda uow: AgentRepository(uow.link, uow.tenant))
     sessions = _Repository(lambda uow: SessionRepository(uow.link, uow.tenant))
     messages = _Repository(
-        lambda uow: MessageRepository(uow.link, uow.tenant, token_counter=uow.db.token_counter)
+        lambda uow: MessageRepository(uow.link, uow.tenant, token_counter=uow.backend.token_counter)
     )
-    passages = _Repository(lambda uow: PassageRepository(uow.link, uow.tenant, cache=uow.db.vector_cache))
+    passages = _Repository(
+        lambda uow: PassageRepository(uow.link, uow.tenant, cache=uow.backend.vector_cache)
+    )
     checkpoints = _Repository(lambda uow: CheckpointRepository(uow.link, uow.tenant))
     graph_store = _Repository(lambda uow: StoreRepository(uow.link, uow.tenant))
 
     def __init__(
         self,
-        db: Database,
+        backend: Backend,
         *,
         tenant: str | None = DEFAULT_TENANT,
         read_only: bool = False,
         one_statement: bool = False,
     ) -> None:
-        self.db = db
+        self.backend = backend
         self.tenant = tenant  # None: all tenants (maintenance)
         self.read_only = read_only
         # memorm's own promise that the unit of work sends one statement, which
@@ -163,13 +163,13 @@ class UnitOfWork:
     async def __aenter__(self) -> UnitOfWork:
         if self._open:
             raise RuntimeError("this unit of work is already open; make a new one per task")
-        await self.db.check_schema()
+        await self.backend.check_schema()
         self._interrupted = False
         if not self.read_only:
             # Counted from here (queued for the write lock too), so a sync call blocking
             # this loop raises instead of waiting for this unit of work (`memorm.engines`).
-            self._writing = self.db.engines.open_writer()
-        writer = None if self.read_only else self.db.writer_lock
+            self._writing = self.backend.engines.open_writer()
+        writer = None if self.read_only else self.backend.writer_lock
         if writer is not None:
             try:
                 # Cancellable (a cancelled waiter just leaves the queue), and bounded as the pool is.
@@ -229,12 +229,12 @@ class UnitOfWork:
 
     async def _begin(self) -> None:
         """Check out a connection and set up the repositories (the first statement begins)."""
-        db = self.db
-        state = self._writing or db.engines.current()  # a writer's was found as it was counted
-        postgres = db.dialect == "postgresql"
+        backend = self.backend
+        state = self._writing or backend.engines.current()  # a writer's was found as it was counted
+        postgres = backend.dialect == "postgresql"
         # On Postgres, under row-level security, every transaction first sets the
         # tenant it may see (transaction-local: it ends with the transaction).
-        sets_tenant = postgres and not db.bypasses_rls
+        sets_tenant = postgres and not backend.bypasses_rls
         if self.tenant is None and sets_tenant:
             raise ValidationError(
                 "all_tenants=True needs a role that bypasses row-level security (a superuser or one "
@@ -258,8 +258,8 @@ class UnitOfWork:
         assert pooled is not None
         info: dict[Any, Any] = {
             READ_ONLY: self.read_only,
-            ROUTES: db.session_agents,
-            DISTRIBUTED: db.distributed,
+            ROUTES: backend.session_agents,
+            DISTRIBUTED: backend.distributed,
         }
         tenant_setting = self.tenant if sets_tenant else None
         if tenant_setting is not None:
@@ -270,11 +270,11 @@ class UnitOfWork:
             info,
             read_only=self.read_only,
             tenant_setting=tenant_setting,
-            distributed=db.distributed,
+            distributed=backend.distributed,
             one_statement=self.one_statement,
-            replace=None if db.dialect == "sqlite" else lambda: self._replace(state, engine),
-            setup=db.session_setup,
-            pooler=db.transaction_pooling,
+            replace=None if backend.dialect == "sqlite" else lambda: self._replace(state, engine),
+            setup=backend.session_setup,
+            pooler=backend.transaction_pooling,
         )
         for name in _REPOSITORIES:  # made anew on first use, on this link
             self.__dict__.pop(name, None)
@@ -405,7 +405,7 @@ class UnitOfWork:
         # them now, so no deleted vector stays in memory until the next search.
         written = link.info.pop(ARCHIVE_WRITES, None)
         if written:
-            self.db.vector_cache.evict(written)
+            self.backend.vector_cache.evict(written)
 
     async def rollback(self) -> None:
         """Discard what the repositories wrote since the last commit."""
@@ -435,6 +435,35 @@ def _write_lock_timeout() -> PoolTimeoutError:
         "SQLite's write lock did not become free within pool_timeout: other units of work of this "
         "process kept it (one held open across slow work, or more writers than the file can serve)"
     )
+
+
+class UnitsOfWork(Reachable, Protocol):
+    """What the services that run many units of work take: a `Database`, or a tenant view of it.
+
+    Retention, tenant deletion and `scrub` open units of work and tenant
+    views through this, not through `Database` itself, so they sit below it
+    and `Database` calls them.
+    """
+
+    @property
+    def tenant(self) -> str:
+        """The tenant of this view's units of work."""
+        ...
+
+    @property
+    def vector_cache(self) -> VectorCache:
+        """Agents' embeddings held in memory, evicted when their rows go."""
+        ...
+
+    def unit_of_work(
+        self, tenant: str | None = None, *, read_only: bool = False, all_tenants: bool = False
+    ) -> UnitOfWork:
+        """A new unit of work (see `Database.unit_of_work`)."""
+        ...
+
+    def for_tenant(self, tenant: str) -> UnitsOfWork:
+        """A view whose units of work are scoped to `tenant`."""
+        ...
 
 
 _REPOSITORIES = tuple(name for name, value in vars(UnitOfWork).items() if isinstance(value, _Repository))

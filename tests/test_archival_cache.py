@@ -23,7 +23,7 @@ from conftest import Store
 
 from memorm import Agent, Database, NotFoundError
 from memorm.models import EMBEDDING_MODELS
-from memorm.search import vector as vector_search
+from memorm.search import vector_scan as vector_search
 
 pytestmark = pytest.mark.anyio
 

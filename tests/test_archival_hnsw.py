@@ -71,7 +71,7 @@ def _capture(db: Database) -> Any:
 
 async def _search_plan(uow: UnitOfWork, agent: Agent, query: np.ndarray, **options: Any) -> str:
     """EXPLAIN of the very statement search sends, with its parameters and session settings."""
-    with _capture(uow.db) as sent:
+    with _capture(uow.backend) as sent:
         await uow.passages.search(agent.id, query, k=10, embedding_model="m", **options)
     [(statement, parameters)] = [(s, p) for s, p in sent if "ORDER BY distance" in s]
     driver = (await (await uow.session.connection()).get_raw_connection()).driver_connection
@@ -288,14 +288,14 @@ async def _round_trips(uow: UnitOfWork) -> AsyncIterator[list[str]]:
         sent.append(query.query)
 
     driver = (await (await uow.session.connection()).get_raw_connection()).driver_connection
-    event.listen(uow.db.engine.sync_engine, "before_cursor_execute", record)
+    event.listen(uow.backend.engine.sync_engine, "before_cursor_execute", record)
     driver.add_query_logger(logged)
     try:
         yield sent
     finally:
         await anyio.lowlevel.checkpoint()  # asyncpg hands logged queries to its loggers with call_soon
         driver.remove_query_logger(logged)
-        event.remove(uow.db.engine.sync_engine, "before_cursor_execute", record)
+        event.remove(uow.backend.engine.sync_engine, "before_cursor_execute", record)
 
 
 @pytest.mark.parametrize("read_only", [True, False], ids=["read-only", "writing"])

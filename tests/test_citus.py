@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 from memorm import ConflictError, Database, DatabaseError, Message, ValidationError
 from memorm.compat.langgraph import MemormStore
-from memorm.distribute import DISTRIBUTION, is_distributed
+from memorm.schema_state import DISTRIBUTION, is_distributed
 from memorm.testing import capture_statements
 from tests import citus_kit
 from tests.conftest import throwaway_postgres

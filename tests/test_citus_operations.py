@@ -29,9 +29,9 @@ from cli_run import memorm, run
 from tenant_data import FILLED, NO_LANGGRAPH, WORDS, fill, rows_of
 
 from memorm import Database, DatabaseError, MemormError
-from memorm.distribute import is_distributed
 from memorm.models import metadata
 from memorm.retention import Removed, purge_expired, purge_older_than
+from memorm.schema_state import is_distributed
 from memorm.types import utcnow
 from tests import citus_kit, test_cli_transfer
 from tests.conftest import count_rows

@@ -100,7 +100,7 @@ DELETED = [
 
 # What `memorm db scrub` vacuums on Postgres: every table a purge, `forget` or delete_tenant deletes from.
 SCRUBBED = (
-    "agents, agent_names, sessions, messages, archival_passages, embedding_models, graph_checkpoints, "
+    "agent_names, agents, embedding_models, sessions, messages, archival_passages, graph_checkpoints, "
     "graph_writes, graph_blobs, graph_store_items, graph_store_vectors"
 )
 

@@ -181,7 +181,7 @@ async def test_a_sync_read_raises_at_once_while_a_task_of_its_loop_checks_the_sc
     async def hold(held: asyncio.Event, done: asyncio.Event) -> None:
         checking = asyncio.create_task(fresh.check_schema())
         await asyncio.sleep(0)  # it takes the lock, then waits for the database
-        assert fresh._schema_lock.locked()
+        assert fresh.backend._schema_lock.locked()
         held.set()
         await checking
 

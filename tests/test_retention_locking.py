@@ -30,12 +30,12 @@ HANG_GUARD_S = 60  # turns a deletion that never queues behind the writer into a
 
 async def _waiting_behind(uow: UnitOfWork) -> int:
     """How many others wait for a lock this unit of work holds."""
-    if uow.db.distributed:  # the waits are on the workers: Citus's view of the whole cluster
+    if uow.backend.distributed:  # the waits are on the workers: Citus's view of the whole cluster
         waiting = await uow.session.scalar(
             sa.text("SELECT count(*) FROM citus_lock_waits WHERE blocking_gpid = citus_backend_gpid()")
         )
         return int(waiting or 0)
-    if uow.db.dialect == "postgresql":
+    if uow.backend.dialect == "postgresql":
         # pg_locks and pg_blocking_pids are live (pg_stat_activity is a per-transaction snapshot).
         waiting = await uow.session.scalar(
             sa.text(
@@ -45,8 +45,8 @@ async def _waiting_behind(uow: UnitOfWork) -> int:
         )
         return int(waiting or 0)
     # SQLite: this process's writers queue for the one write lock, which a writing unit of work holds.
-    assert uow.db.writer_lock is not None
-    return uow.db.writer_lock.waiting()
+    assert uow.backend.writer_lock is not None
+    return uow.backend.writer_lock.waiting()
 
 
 async def _until_waiting_behind(uow: UnitOfWork) -> None:

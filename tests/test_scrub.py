@@ -20,14 +20,14 @@ from memorm.scrub import Scrubbed, ScrubWarning
 
 pytestmark = pytest.mark.anyio
 
-# Every table a purge, `forget` or `delete_tenant` deletes from.
+# Every table a purge, `forget` or `delete_tenant` deletes from, parents first.
 TABLES = (
-    "agents",
     "agent_names",
+    "agents",
+    "embedding_models",
     "sessions",
     "messages",
     "archival_passages",
-    "embedding_models",
     "graph_checkpoints",
     "graph_writes",
     "graph_blobs",

@@ -107,14 +107,14 @@ async def test_delete_tenant_reports_each_table_as_its_batches_commit(db: Databa
 
     await delete_tenant(db, "acme", batch=3, reporter=Recorder())
     starts = [(task, total) for kind, task, total in seen if kind == "start"]
-    assert starts == [  # children first
-        ("messages", 7),
-        ("graph_checkpoints", 0),
-        ("graph_writes", 0),
-        ("graph_blobs", 0),
+    assert starts == [  # children first: memorm's tables (`DATA_TABLES`) reversed
         ("graph_store_vectors", 0),
         ("graph_store_items", 0),
+        ("graph_blobs", 0),
+        ("graph_writes", 0),
+        ("graph_checkpoints", 0),
         ("archival_passages", 4),
+        ("messages", 7),
         ("sessions", 3),
         ("embedding_models", 3),
         ("agents", 2),

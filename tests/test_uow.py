@@ -338,7 +338,7 @@ async def test_a_restarted_server_reads_a_sessions_messages_by_agent(db: Databas
     try:
         async with appender.unit_of_work() as uow:
             await uow.messages.append(chat.id, {"role": "user", "content": "one more"})
-        assert appender.session_agents.get(DEFAULT_TENANT, chat.id) == agent.id
+        assert appender.backend.session_agents.get(DEFAULT_TENANT, chat.id) == agent.id
     finally:
         await appender.dispose()
 

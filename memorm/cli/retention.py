@@ -106,7 +106,7 @@ class _Where(argparse.Action):
 
 
 def _batch(text: str) -> int:
-    from memorm.retention import MAX_BATCH
+    from memorm.removal import MAX_BATCH
 
     if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= MAX_BATCH:
         raise argparse.ArgumentTypeError(f"expected a whole number from 1 to {MAX_BATCH:,}, got {text!r}")

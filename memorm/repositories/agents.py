@@ -12,9 +12,9 @@ import sqlalchemy as sa
 from memorm.errors import ConflictError, NotFoundError, ValidationError
 from memorm.models import AGENT_NAMES, AGENTS, MESSAGES, PASSAGES, SESSIONS, Agent, AgentName
 from memorm.page import Page
+from memorm.removal import Removed
 from memorm.repositories.base import Repository
 from memorm.repositories.message_retention import with_answers
-from memorm.retention import Removed
 from memorm.search.filters import Filter, filter_conditions
 from memorm.search.fts_ddl import MESSAGES_FTS, PASSAGES_FTS
 from memorm.search.text import merge_deleted
@@ -97,7 +97,7 @@ class AgentRepository(Repository):
         agent's new sessions live unless created with their own `ttl`.
         """
         agent = Agent(
-            tenant=self._owner,
+            tenant=self._required_tenant,
             name=check_name(name, "name"),
             system=check_text(system, "system"),
             core_memory=_check_core_memory(core_memory),
@@ -114,7 +114,7 @@ class AgentRepository(Repository):
     async def get(self, agent_id: uuid.UUID | str) -> Agent:
         """The agent with this id; `NotFoundError` if there is none."""
         key = as_uuid(agent_id, "agent_id")
-        agent = await self._scalar(sa.select(Agent).where(AGENTS.c.id == key, *self._own(AGENTS)))
+        agent = await self._scalar(sa.select(Agent).where(AGENTS.c.id == key, *self._tenant_filter(AGENTS)))
         if agent is None:
             raise NotFoundError(f"no agent {key}")
         result: Agent = agent
@@ -125,19 +125,19 @@ class AgentRepository(Repository):
         # The name's row first: on a distributed database it is one lookup, and the
         # agent is then read on its own shard.
         named = sa.select(AGENT_NAMES.c.agent_id).where(
-            *self._own(AGENT_NAMES), AGENT_NAMES.c.name == check_text(name, "name")
+            *self._tenant_filter(AGENT_NAMES), AGENT_NAMES.c.name == check_text(name, "name")
         )
         agent_id = await self._scalar(named)
         if agent_id is None:
             return None
         agent: Agent | None = await self._scalar(
-            sa.select(Agent).where(AGENTS.c.id == agent_id, *self._own(AGENTS))
+            sa.select(Agent).where(AGENTS.c.id == agent_id, *self._tenant_filter(AGENTS))
         )
         return agent
 
     async def list(self, *, limit: int = 50, offset: int = 0) -> Page[Agent]:
         """Agents, oldest first."""
-        query = sa.select(Agent).where(*self._own(AGENTS)).order_by(AGENTS.c.id)
+        query = sa.select(Agent).where(*self._tenant_filter(AGENTS)).order_by(AGENTS.c.id)
         return await self._page(query, limit=limit, offset=offset)
 
     async def update(
@@ -173,7 +173,7 @@ class AgentRepository(Repository):
         text = check_text(value, f"core_memory.{label}")
         current = await self._scalar(
             sa.select(Agent)
-            .where(AGENTS.c.id == key, *self._own(AGENTS))
+            .where(AGENTS.c.id == key, *self._tenant_filter(AGENTS))
             .with_for_update()
             .execution_options(populate_existing=True)
         )
@@ -187,7 +187,7 @@ class AgentRepository(Repository):
     async def _write(self, key: uuid.UUID, version: int | None, values: dict[str, Any]) -> Agent:
         statement = (
             sa.update(Agent)
-            .where(AGENTS.c.id == key, *self._own(AGENTS))
+            .where(AGENTS.c.id == key, *self._tenant_filter(AGENTS))
             .values(**values, version=AGENTS.c.version + 1, updated_at=utcnow())
             .returning(Agent)
             .execution_options(populate_existing=True, synchronize_session=False)
@@ -199,12 +199,12 @@ class AgentRepository(Repository):
             if agent is not None and "name" in values:
                 await self.session.execute(
                     sa.update(AGENT_NAMES)
-                    .where(*self._own(AGENT_NAMES), AGENT_NAMES.c.agent_id == key)
+                    .where(*self._tenant_filter(AGENT_NAMES), AGENT_NAMES.c.agent_id == key)
                     .values(name=values["name"])
                 )
         if agent is None:
             exists = await self._scalar(
-                sa.select(AGENTS.c.version).where(AGENTS.c.id == key, *self._own(AGENTS))
+                sa.select(AGENTS.c.version).where(AGENTS.c.id == key, *self._tenant_filter(AGENTS))
             )
             if exists is None:
                 raise NotFoundError(f"no agent {key}")
@@ -217,13 +217,13 @@ class AgentRepository(Repository):
         self._archive_changed(key)  # its cached vectors go too
         deleted = await self._rowcount(
             sa.delete(Agent)
-            .where(AGENTS.c.id == key, *self._own(AGENTS))
+            .where(AGENTS.c.id == key, *self._tenant_filter(AGENTS))
             .execution_options(synchronize_session=False)
         )
         if deleted == 0:
             raise NotFoundError(f"no agent {key}")
         await self._execute(
-            sa.delete(AGENT_NAMES).where(*self._own(AGENT_NAMES), AGENT_NAMES.c.agent_id == key)
+            sa.delete(AGENT_NAMES).where(*self._tenant_filter(AGENT_NAMES), AGENT_NAMES.c.agent_id == key)
         )
 
     async def forget(self, where: Filter, *, dry_run: bool = False) -> Removed:
@@ -249,7 +249,7 @@ class AgentRepository(Repository):
             raise ValidationError("where: forget needs at least one meta key, such as {'user_id': 'u42'}")
         # Rows are matched by (tenant, id): in an all-tenants unit of work the
         # same id may name rows of two tenants.
-        scope = self._within
+        scope = self._tenant_filter_if_any
         agents = sa.select(AGENTS.c.tenant, AGENTS.c.id).where(
             *scope(AGENTS), *await filter_conditions(self.link, AGENTS, where)
         )
@@ -287,8 +287,8 @@ class AgentRepository(Repository):
             )
         # Every agent whose archive changes: bump its version and drop its cached vectors.
         changes = sa.select(PASSAGES.c.tenant, PASSAGES.c.agent_id).where(passages).distinct()
-        owners = set(await self._pairs(changes))
-        doomed = await self._pairs(agents)
+        owners = set(await self._two_column_rows(changes))
+        doomed = await self._two_column_rows(agents)
         self._archives_changed([*owners, *doomed])
         # Lock as writers do, parents first (agents, then sessions, then their rows), so
         # a concurrent trim or delete_many queues behind this instead of deadlocking.

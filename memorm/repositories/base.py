@@ -19,7 +19,7 @@ from memorm.link import Link
 from memorm.models import AGENTS, MESSAGES, SESSIONS
 from memorm.page import Page
 from memorm.routing import DISTRIBUTED, ROUTES, SessionAgents
-from memorm.search.vector import ARCHIVE_WRITES
+from memorm.search.vector_scan import ARCHIVE_WRITES
 from memorm.tenancy import DEFAULT_TENANT
 from memorm.translate import check_writable, guarded
 from memorm.validation import check_limit
@@ -46,7 +46,7 @@ class Repository:
         """The unit of work's ORM session (made on first use: prefer `link`'s Core paths)."""
         return self.link.session
 
-    def _own(self, *tables: sa.Table) -> list[ColumnElement[bool]]:
+    def _tenant_filter(self, *tables: sa.Table) -> list[ColumnElement[bool]]:
         """Conditions keeping `tables` to the unit of work's tenant.
 
         An all-tenants unit of work cannot run the operation: ids are
@@ -59,8 +59,8 @@ class Repository:
             )
         return [table.c.tenant == self.tenant for table in tables]
 
-    def _within(self, *tables: sa.Table) -> list[ColumnElement[bool]]:
-        """Like `_own`, but nothing in an all-tenants unit of work: for maintenance across tenants."""
+    def _tenant_filter_if_any(self, *tables: sa.Table) -> list[ColumnElement[bool]]:
+        """Like `_tenant_filter`, but none in an all-tenants unit of work: for maintenance across tenants."""
         return [] if self.tenant is None else [table.c.tenant == self.tenant for table in tables]
 
     async def _agent_of(self, session_id: uuid.UUID) -> uuid.UUID:
@@ -72,7 +72,7 @@ class Repository:
         statement on a session's messages without its agent would read all of
         the tenant's.
         """
-        agent = self._routes.get(self._owner, session_id)
+        agent = self._session_agents.get(self._required_tenant, session_id)
         return agent if agent is not None else await self._look_up_agent(session_id)
 
     async def _row_agent(self, session_id: uuid.UUID) -> uuid.UUID | None:
@@ -81,45 +81,53 @@ class Repository:
         Left out (None) if unknown, except on a distributed database, where it
         also picks the shard and so is looked up like `_agent_of`.
         """
-        agent = self._routes.get(self._owner, session_id)
+        agent = self._session_agents.get(self._required_tenant, session_id)
         if agent is None and self._distributed:
             return await self._look_up_agent(session_id)
         return agent
 
     async def _look_up_agent(self, session_id: uuid.UUID) -> uuid.UUID:
         agent: uuid.UUID | None = await self._scalar(
-            sa.select(SESSIONS.c.agent_id).where(*self._own(SESSIONS), SESSIONS.c.id == session_id)
+            sa.select(SESSIONS.c.agent_id).where(*self._tenant_filter(SESSIONS), SESSIONS.c.id == session_id)
         )
         if agent is None:
             raise NotFoundError(f"no session {session_id}")
-        self._routes.put(self._owner, session_id, agent)
+        self._session_agents.put(self._required_tenant, session_id, agent)
         return agent
 
     @property
-    def _routes(self) -> SessionAgents:
+    def _session_agents(self) -> SessionAgents:
         """The database's cache of sessions' agents (every unit of work's link holds it)."""
         routes: SessionAgents = self.link.info[ROUTES]
         return routes
 
-    def _route(self, session_id: uuid.UUID, agent_id: uuid.UUID) -> None:
+    def _remember_agent(self, session_id: uuid.UUID, agent_id: uuid.UUID) -> None:
         """Remember a session's agent (sessions created or read)."""
         if self.tenant is not None:
-            self._routes.put(self.tenant, session_id, agent_id)
+            self._session_agents.put(self.tenant, session_id, agent_id)
 
-    async def _chat(self, session_id: uuid.UUID) -> list[ColumnElement[bool]]:
+    async def _session_messages(self, session_id: uuid.UUID) -> list[ColumnElement[bool]]:
         """The conditions for the session's messages: its tenant, the session and its agent."""
         agent = await self._agent_of(session_id)
-        return [*self._own(MESSAGES), MESSAGES.c.session_id == session_id, MESSAGES.c.agent_id == agent]
+        return [
+            *self._tenant_filter(MESSAGES),
+            MESSAGES.c.session_id == session_id,
+            MESSAGES.c.agent_id == agent,
+        ]
 
     async def _session_row(self, session_id: uuid.UUID) -> list[ColumnElement[bool]]:
         """The conditions for the session's own row: its tenant, its id and (if known) its agent."""
         agent = await self._row_agent(session_id)
-        return [*self._own(SESSIONS), SESSIONS.c.id == session_id, *self._on(SESSIONS, agent)]
+        return [
+            *self._tenant_filter(SESSIONS),
+            SESSIONS.c.id == session_id,
+            *self._agent_filter_if_known(SESSIONS, agent),
+        ]
 
-    def _unroute(self, session_id: uuid.UUID) -> None:
+    def _forget_agent(self, session_id: uuid.UUID) -> None:
         """Forget a deleted session's agent."""
         if self.tenant is not None:
-            self._routes.drop(self.tenant, session_id)
+            self._session_agents.drop(self.tenant, session_id)
 
     @property
     def _one_server_postgres(self) -> bool:
@@ -136,14 +144,14 @@ class Repository:
         return bool(self.link.info.get(DISTRIBUTED, False))
 
     @staticmethod
-    def _on(table: sa.Table, agent: uuid.UUID | None) -> list[ColumnElement[bool]]:
+    def _agent_filter_if_known(table: sa.Table, agent: uuid.UUID | None) -> list[ColumnElement[bool]]:
         """A condition on `table`'s agent when it is known (it routes to one shard)."""
         return [] if agent is None else [table.c.agent_id == agent]
 
     @property
-    def _owner(self) -> str:
+    def _required_tenant(self) -> str:
         """The tenant new rows get (`ValidationError` in an all-tenants unit of work)."""
-        self._own()
+        self._tenant_filter()
         assert self.tenant is not None
         return self.tenant
 
@@ -153,7 +161,7 @@ class Repository:
         async with guarded(self.link):
             return await self.link.execute(statement, params)
 
-    async def _pairs(self, statement: Executable) -> list[tuple[Any, Any]]:
+    async def _two_column_rows(self, statement: Executable) -> list[tuple[Any, Any]]:
         """The rows of a two-column query, as tuples (`(tenant, id)`, say)."""
         return [(row[0], row[1]) for row in (tuple(found) for found in await self._execute(statement))]
 
@@ -173,7 +181,10 @@ class Repository:
 
     async def _require_agent(self, key: uuid.UUID) -> None:
         """`NotFoundError` unless the agent exists."""
-        if await self._scalar(sa.select(AGENTS.c.id).where(AGENTS.c.id == key, *self._own(AGENTS))) is None:
+        if (
+            await self._scalar(sa.select(AGENTS.c.id).where(AGENTS.c.id == key, *self._tenant_filter(AGENTS)))
+            is None
+        ):
             raise NotFoundError(f"no agent {key}")
 
     def _archive_changed(self, *agent_ids: uuid.UUID) -> None:
@@ -181,7 +192,7 @@ class Repository:
 
         Vector caches bypass them until the commit, which then evicts them.
         """
-        self._archives_changed((self._owner, agent_id) for agent_id in agent_ids)
+        self._archives_changed((self._required_tenant, agent_id) for agent_id in agent_ids)
 
     def _archives_changed(self, agents: Iterable[tuple[str, uuid.UUID]]) -> None:
         """`_archive_changed` for `(tenant, agent id)`s, of any tenant."""
@@ -220,7 +231,7 @@ class Repository:
         """
         locked: list[tuple[str, uuid.UUID]] = []
         for (tenant, agent), group in groupby(sorted(sessions), key=lambda row: (row[0], row[1])):
-            locked += await self._pairs(
+            locked += await self._two_column_rows(
                 sa.select(SESSIONS.c.tenant, SESSIONS.c.id)
                 .where(
                     SESSIONS.c.tenant == tenant,

@@ -149,7 +149,7 @@ class MessageRetention(MessageQueries):
         expired sessions runs first and takes their messages).
         """
         answer = MESSAGES.alias("answer")
-        tenant = self._owner
+        tenant = self._required_tenant
         old = sa.select(sa.func.count()).where(_old(tenant, owner, instant, chat))
         answers = sa.select(sa.func.count()).where(_newer_answers(answer, tenant, owner, instant, chat))
         if expired_at is not None:
@@ -160,7 +160,7 @@ class MessageRetention(MessageQueries):
     async def _delete_answers(self, owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None) -> int:
         """Delete the newer tool answers of old messages (before those go: the answers are found by them)."""
         answer = MESSAGES.alias("answer")
-        tenant = self._owner
+        tenant = self._required_tenant
         found = sa.select(answer.c.id).where(_newer_answers(answer, tenant, owner, instant, chat))
         sessions = sa.select(answer.c.session_id).where(_newer_answers(answer, tenant, owner, instant, chat))
         await self._lock_sessions(
@@ -180,7 +180,7 @@ class MessageRetention(MessageQueries):
         self, owner: uuid.UUID, instant: datetime, chat: uuid.UUID | None, size: int
     ) -> int:
         """Delete up to `size` messages created before `instant`, oldest first; returns how many."""
-        tenant = self._owner
+        tenant = self._required_tenant
         doomed = (
             sa.select(MESSAGES.c.id, MESSAGES.c.session_id)
             .where(_old(tenant, owner, instant, chat))

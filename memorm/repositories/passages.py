@@ -21,37 +21,25 @@ import sqlalchemy as sa
 
 from memorm.driver import insert_rows
 from memorm.errors import ConflictError, NotFoundError, ValidationError
-from memorm.ids import uuid7
-from memorm.models import AGENTS, PASSAGES, ArchivalPassage, EmbeddingModel, hydrate
+from memorm.models import AGENTS, PASSAGES, ArchivalPassage, EmbeddingModel, fields, hydrate
 from memorm.repositories.id_claims import chose_id, refuse_held
-from memorm.repositories.passage_queries import (
-    _COLUMNS,
-    _ITEM_FIELDS,
+from memorm.repositories.passage_checks import (
     PassageInput,
-    PassageQueries,
-    _check_half,
-    _check_model_name,
-    _check_shape,
+    check_half,
+    check_item,
+    check_model_dim,
+    check_model_name,
+    check_shape,
 )
+from memorm.repositories.passage_search import PassageSearch
 from memorm.search.filters import Filter
-from memorm.search.vector import (
-    check_metric,
-    ensure_index,
-)
+from memorm.search.vector_index import check_metric, ensure_index
 from memorm.types import utcnow
-from memorm.validation import (
-    as_uuid,
-    check_aware,
-    check_fields,
-    check_flag,
-    check_json_object,
-    check_list,
-    check_text,
-    check_vector,
-)
+from memorm.validation import as_uuid, check_aware, check_flag, check_list, check_text, check_vector
 
 __all__ = ["PassageRepository"]
 
+_COLUMNS = tuple(column.name for column in fields(PASSAGES))  # not the derived search words
 _OLD_BATCH = 10_000  # passages per DELETE in delete_before
 
 
@@ -61,38 +49,7 @@ def _old(tenant: str, agent_id: uuid.UUID, instant: datetime) -> sa.ColumnElemen
     )
 
 
-def _check_item(item: object, index: int) -> dict[str, Any]:
-    """The checked fields of one passage to add; the repository adds its owner, agent and times."""
-    where = f"items[{index}]"
-    if isinstance(item, ArchivalPassage):
-        given: Mapping[str, Any] = {
-            "text": item.text,
-            "embedding": item.vector,
-            "embedding_model": item.embedding_model,
-            "meta": item.meta,
-            "id": item.id,
-            "created_at": item.created_at,
-        }
-    elif isinstance(item, Mapping):
-        given = check_fields(item, _ITEM_FIELDS, where)
-    else:
-        raise ValidationError(f"{where}: expected a dict or an ArchivalPassage, got {type(item).__name__}")
-    created_at = given.get("created_at")
-    if created_at is not None:
-        check_aware(created_at, f"{where}.created_at")
-    passage_id = given.get("id")
-    return {
-        "id": uuid7() if passage_id is None else as_uuid(passage_id, f"{where}.id"),
-        "created_at": created_at,
-        "meta": check_json_object(given.get("meta"), f"{where}.meta", keep=True),
-        "text": check_text(given.get("text"), f"{where}.text"),
-        "embedding": check_vector(given.get("embedding"), f"{where}.embedding"),
-        "embedding_half": None,
-        "embedding_model": _check_model_name(given.get("embedding_model", "default")),
-    }
-
-
-class PassageRepository(PassageQueries):
+class PassageRepository(PassageSearch):
     """Archival passages of an agent: storage, vector, text and hybrid search."""
 
     # -- models -------------------------------------------------------------
@@ -109,8 +66,8 @@ class PassageRepository(PassageQueries):
         first passage.
         """
         key = as_uuid(agent_id, "agent_id")
-        model = _check_model_name(name)
-        _check_shape(dim, precision)
+        model = check_model_name(name)
+        check_shape(dim, precision)
         await self._require_agent(key)
         found = await self._model(key, model, dim, precision=precision, check_dim=False)
         if (found.dim, found.precision) != (dim, precision):
@@ -127,7 +84,7 @@ class PassageRepository(PassageQueries):
         found = await self._lookup(agent_id, name)
         if found is None:
             model = EmbeddingModel(
-                tenant=self._owner, agent_id=agent_id, name=name, dim=dim, precision=precision
+                tenant=self._required_tenant, agent_id=agent_id, name=name, dim=dim, precision=precision
             )
             try:
                 async with self._savepoint({"agent_id": agent_id, "name": name}):
@@ -141,8 +98,8 @@ class PassageRepository(PassageQueries):
             else:
                 found = model
             self._models[(agent_id, name)] = found
-        if check_dim and found.dim != dim:
-            raise ValidationError(f"embedding: model {name!r} stores {found.dim}-d vectors, got {dim}")
+        if check_dim:
+            check_model_dim(name, found.dim, dim)
         return found
 
     # -- writing ------------------------------------------------------------
@@ -175,7 +132,7 @@ class PassageRepository(PassageQueries):
         """
         key = as_uuid(agent_id, "agent_id")
         given = check_list(items, "items", "passages (dicts or ArchivalPassage objects)")
-        rows = [_check_item(item, index) for index, item in enumerate(given)]
+        rows = [check_item(item, index) for index, item in enumerate(given)]
         # Every check before any write: a rejected batch registers no model and
         # bumps no version, even if the caller carries on with the unit of work.
         shapes: dict[str, int] = {}
@@ -189,19 +146,19 @@ class PassageRepository(PassageQueries):
                 )
         for name, dim in shapes.items():
             known = await self._lookup(key, name)
-            if known is not None and known.dim != dim:
-                raise ValidationError(f"embedding: model {name!r} stores {known.dim}-d vectors, got {dim}")
+            if known is not None:
+                check_model_dim(name, known.dim, dim)
             if known is not None and known.precision == "float16":
-                _check_half([row["embedding"] for row in rows if row["embedding_model"] == name])
+                check_half([row["embedding"] for row in rows if row["embedding_model"] == name])
         chosen = [row["id"] for item, row in zip(given, rows, strict=True) if chose_id(item)]
-        await refuse_held(self.link, PASSAGES, self._owner, chosen)
+        await refuse_held(self.link, PASSAGES, self._required_tenant, chosen)
         await self._touch_agent(key)
         half: set[str] = set()  # the models that store half precision
         for name, dim in shapes.items():
             if (await self._model(key, name, dim)).precision == "float16":
                 half.add(name)
         now = utcnow()
-        shared = {"tenant": self._owner, "agent_id": key, "updated_at": now}
+        shared = {"tenant": self._required_tenant, "agent_id": key, "updated_at": now}
         for row in rows:  # each checked row becomes its passage's fields (`hydrate`)
             row.update(shared)
             row["embedding_dim"] = len(row["embedding"])
@@ -223,12 +180,12 @@ class PassageRepository(PassageQueries):
         model = await self._model(current.agent_id, current.embedding_model, len(vector))
         half = model.precision == "float16"
         if half:
-            _check_half([vector])
+            check_half([vector])
         await self._touch_agent(current.agent_id)
         now = utcnow()
         await self._execute(
             sa.update(PASSAGES)
-            .where(PASSAGES.c.id == key, *self._own(PASSAGES))
+            .where(PASSAGES.c.id == key, *self._tenant_filter(PASSAGES))
             .values(
                 text=new_text,
                 search_words=new_text,
@@ -243,12 +200,12 @@ class PassageRepository(PassageQueries):
         """Delete one passage."""
         key = as_uuid(passage_id, "passage_id")
         owner = await self._scalar(
-            sa.select(PASSAGES.c.agent_id).where(PASSAGES.c.id == key, *self._own(PASSAGES))
+            sa.select(PASSAGES.c.agent_id).where(PASSAGES.c.id == key, *self._tenant_filter(PASSAGES))
         )
         if owner is None:
             raise NotFoundError(f"no passage {key}")
         await self._touch_agent(owner)
-        await self._execute(sa.delete(PASSAGES).where(PASSAGES.c.id == key, *self._own(PASSAGES)))
+        await self._execute(sa.delete(PASSAGES).where(PASSAGES.c.id == key, *self._tenant_filter(PASSAGES)))
 
     async def delete_where(self, agent_id: uuid.UUID | str, where: Filter) -> int:
         """Delete the agent's passages matching `where`, a [`Filter`][memorm.search.filters.Filter].
@@ -261,7 +218,7 @@ class PassageRepository(PassageQueries):
             raise ValidationError("where: give at least one condition (delete the agent to drop everything)")
         await self._touch_agent(key)
         return await self._rowcount(
-            sa.delete(PASSAGES).where(*self._own(PASSAGES), PASSAGES.c.agent_id == key, *conditions)
+            sa.delete(PASSAGES).where(*self._tenant_filter(PASSAGES), PASSAGES.c.agent_id == key, *conditions)
         )
 
     async def delete_many(self, agent_id: uuid.UUID | str, ids: Iterable[uuid.UUID | str]) -> int:
@@ -269,7 +226,7 @@ class PassageRepository(PassageQueries):
         key = as_uuid(agent_id, "agent_id")
         wanted = [as_uuid(passage_id, "ids[]") for passage_id in check_list(ids, "ids", "passage ids")]
         await self._require_agent(key)
-        mine = sa.and_(*self._own(PASSAGES), PASSAGES.c.agent_id == key, PASSAGES.c.id.in_(wanted))
+        mine = sa.and_(*self._tenant_filter(PASSAGES), PASSAGES.c.agent_id == key, PASSAGES.c.id.in_(wanted))
         if not wanted or await self._scalar(sa.select(PASSAGES.c.id).where(mine).limit(1)) is None:
             return 0  # unknown ids change nothing, so caches stay valid
         # The bump locks the agent before the delete, so concurrent writers of the
@@ -290,7 +247,11 @@ class PassageRepository(PassageQueries):
         check_flag(dry_run, "dry_run")
         await self._require_agent(key)
         if dry_run:
-            return int(await self._scalar(sa.select(sa.func.count()).where(_old(self._owner, key, instant))))
+            return int(
+                await self._scalar(
+                    sa.select(sa.func.count()).where(_old(self._required_tenant, key, instant))
+                )
+            )
         deleted = 0
         while True:
             count = await self._delete_old_batch(key, instant, _OLD_BATCH)
@@ -304,7 +265,7 @@ class PassageRepository(PassageQueries):
             (
                 await self._execute(
                     sa.select(PASSAGES.c.id)
-                    .where(_old(self._owner, key, instant))
+                    .where(_old(self._required_tenant, key, instant))
                     .order_by(PASSAGES.c.created_at)
                     .limit(size)
                 )
@@ -315,7 +276,7 @@ class PassageRepository(PassageQueries):
         await self._touch_agent(key)
         return await self._rowcount(
             sa.delete(PASSAGES).where(
-                *self._own(PASSAGES), PASSAGES.c.agent_id == key, PASSAGES.c.id.in_(doomed)
+                *self._tenant_filter(PASSAGES), PASSAGES.c.agent_id == key, PASSAGES.c.id.in_(doomed)
             )
         )
 
@@ -323,7 +284,7 @@ class PassageRepository(PassageQueries):
         """Bump the agent's archive version (and check the agent exists)."""
         bumped = await self._rowcount(
             sa.update(AGENTS)
-            .where(AGENTS.c.id == key, *self._own(AGENTS))
+            .where(AGENTS.c.id == key, *self._tenant_filter(AGENTS))
             .values(archive_version=AGENTS.c.archive_version + 1)
         )
         if bumped == 0:
@@ -351,8 +312,8 @@ class PassageRepository(PassageQueries):
         (4 to 1000, at least `2 * m`) are pgvector's build options; other
         values raise `ValidationError` on both engines.
         """
-        _check_shape(dim, precision)
-        shape = EmbeddingModel(name=_check_model_name(embedding_model), dim=dim, precision=precision)
+        check_shape(dim, precision)
+        shape = EmbeddingModel(name=check_model_name(embedding_model), dim=dim, precision=precision)
         async with self._guard():
             return await ensure_index(
                 self.link, shape, check_metric(metric), m=m, ef_construction=ef_construction

@@ -13,8 +13,8 @@ from sqlalchemy.sql import ColumnElement
 from memorm.errors import ConflictError, NotFoundError
 from memorm.models import AGENTS, MESSAGES, SESSIONS, Session
 from memorm.page import Page
+from memorm.removal import DEFAULT_BATCH, Removed, check_batch
 from memorm.repositories.base import Repository
-from memorm.retention import DEFAULT_BATCH, Removed, check_batch
 from memorm.types import utcnow
 from memorm.validation import (
     as_uuid,
@@ -60,14 +60,16 @@ class SessionRepository(Repository):
         owner = as_uuid(agent_id, "agent_id")
         lifetime = None if ttl is None else check_duration(ttl, "ttl")
         chat = Session(
-            tenant=self._owner,
+            tenant=self._required_tenant,
             agent_id=owner,
             title=check_text(title, "title", optional=True),
             key=None if key is None else _check_key(key),
             meta=check_json_object(meta, "meta"),
         )
         found = (
-            await self._execute(sa.select(AGENTS.c.retention).where(AGENTS.c.id == owner, *self._own(AGENTS)))
+            await self._execute(
+                sa.select(AGENTS.c.retention).where(AGENTS.c.id == owner, *self._tenant_filter(AGENTS))
+            )
         ).first()
         if found is None:
             raise NotFoundError(f"no agent {owner}")
@@ -79,7 +81,7 @@ class SessionRepository(Repository):
         async with self._savepoint({"agent_id": owner, "key": chat.key}):
             self.session.add(chat)
             await self.session.flush()
-        self._route(chat.id, owner)
+        self._remember_agent(chat.id, owner)
         return chat
 
     async def get_or_create(
@@ -115,11 +117,15 @@ class SessionRepository(Repository):
         owner = as_uuid(agent_id, "agent_id")
         chat: Session | None = await self._scalar(
             sa.select(Session)
-            .where(*self._own(SESSIONS), SESSIONS.c.agent_id == owner, SESSIONS.c.key == _check_key(key))
+            .where(
+                *self._tenant_filter(SESSIONS),
+                SESSIONS.c.agent_id == owner,
+                SESSIONS.c.key == _check_key(key),
+            )
             .execution_options(populate_existing=True)
         )
         if chat is not None:
-            self._route(chat.id, owner)
+            self._remember_agent(chat.id, owner)
         return chat
 
     async def get(self, session_id: uuid.UUID | str) -> Session:
@@ -127,11 +133,15 @@ class SessionRepository(Repository):
         key = as_uuid(session_id, "session_id")
         agent = await self._row_agent(key)
         chat: Session | None = await self._scalar(
-            sa.select(Session).where(SESSIONS.c.id == key, *self._own(SESSIONS), *self._on(SESSIONS, agent))
+            sa.select(Session).where(
+                SESSIONS.c.id == key,
+                *self._tenant_filter(SESSIONS),
+                *self._agent_filter_if_known(SESSIONS, agent),
+            )
         )
         if chat is None:
             raise NotFoundError(f"no session {key}")
-        self._route(chat.id, chat.agent_id)
+        self._remember_agent(chat.id, chat.agent_id)
         return chat
 
     async def list(self, agent_id: uuid.UUID | str, *, limit: int = 50, offset: int = 0) -> Page[Session]:
@@ -139,7 +149,7 @@ class SessionRepository(Repository):
         key = as_uuid(agent_id, "agent_id")
         query = (
             sa.select(Session)
-            .where(*self._own(SESSIONS), SESSIONS.c.agent_id == key)
+            .where(*self._tenant_filter(SESSIONS), SESSIONS.c.agent_id == key)
             .order_by(SESSIONS.c.created_at, SESSIONS.c.id)
         )
         return await self._page(query, limit=limit, offset=offset)
@@ -150,12 +160,16 @@ class SessionRepository(Repository):
         agent = await self._row_agent(key)
         deleted = await self._rowcount(
             sa.delete(Session)
-            .where(SESSIONS.c.id == key, *self._own(SESSIONS), *self._on(SESSIONS, agent))
+            .where(
+                SESSIONS.c.id == key,
+                *self._tenant_filter(SESSIONS),
+                *self._agent_filter_if_known(SESSIONS, agent),
+            )
             .execution_options(synchronize_session=False)
         )
         if deleted == 0:
             raise NotFoundError(f"no session {key}")
-        self._unroute(key)
+        self._forget_agent(key)
 
     # -- expiry ---------------------------------------------------------------
 
@@ -174,7 +188,11 @@ class SessionRepository(Repository):
         agent = await self._row_agent(key)
         statement = (
             sa.update(Session)
-            .where(SESSIONS.c.id == key, *self._own(SESSIONS), *self._on(SESSIONS, agent))
+            .where(
+                SESSIONS.c.id == key,
+                *self._tenant_filter(SESSIONS),
+                *self._agent_filter_if_known(SESSIONS, agent),
+            )
             .values(expires_at=expires_at, updated_at=utcnow())
             .returning(Session)
             .execution_options(populate_existing=True, synchronize_session=False)
@@ -200,10 +218,11 @@ class SessionRepository(Repository):
         size = check_batch(batch)
         if check_flag(dry_run, "dry_run"):
             expired = sa.select(SESSIONS.c.tenant, SESSIONS.c.id).where(
-                *self._within(SESSIONS), SESSIONS.c.expires_at <= instant
+                *self._tenant_filter_if_any(SESSIONS), SESSIONS.c.expires_at <= instant
             )
             messages = sa.select(MESSAGES.c.id).where(
-                *self._within(MESSAGES), sa.tuple_(MESSAGES.c.tenant, MESSAGES.c.session_id).in_(expired)
+                *self._tenant_filter_if_any(MESSAGES),
+                sa.tuple_(MESSAGES.c.tenant, MESSAGES.c.session_id).in_(expired),
             )
             return Removed(sessions=await self._count(expired), messages=await self._count(messages))
         total = Removed()
@@ -218,25 +237,26 @@ class SessionRepository(Repository):
         # (tenant, id) pairs: across tenants, an id alone may name two sessions.
         expired = (
             sa.select(SESSIONS.c.tenant, SESSIONS.c.id)
-            .where(*self._within(SESSIONS), SESSIONS.c.expires_at <= instant)
+            .where(*self._tenant_filter_if_any(SESSIONS), SESSIONS.c.expires_at <= instant)
             .order_by(SESSIONS.c.expires_at)
             .limit(size)
         )
         if self._distributed:
             ids = await self._lock_expired(expired, SESSIONS.c.expires_at <= instant)
         else:
-            ids = await self._pairs(expired.with_for_update(skip_locked=True))
+            ids = await self._two_column_rows(expired.with_for_update(skip_locked=True))
         if not ids:
             return Removed()
         # Messages first (the cascade would delete them too, but not count them).
         messages = await self._rowcount(
             sa.delete(MESSAGES).where(
-                *self._within(MESSAGES), sa.tuple_(MESSAGES.c.tenant, MESSAGES.c.session_id).in_(ids)
+                *self._tenant_filter_if_any(MESSAGES),
+                sa.tuple_(MESSAGES.c.tenant, MESSAGES.c.session_id).in_(ids),
             )
         )
         sessions = await self._rowcount(
             sa.delete(SESSIONS).where(
-                *self._within(SESSIONS), sa.tuple_(SESSIONS.c.tenant, SESSIONS.c.id).in_(ids)
+                *self._tenant_filter_if_any(SESSIONS), sa.tuple_(SESSIONS.c.tenant, SESSIONS.c.id).in_(ids)
             )
         )
         return Removed(sessions=sessions, messages=messages)

@@ -1,4 +1,4 @@
-"""DDL of the full-text indexes, attached to the metadata for `create_all`.
+"""DDL of the full-text indexes, which `memorm.migrate.create_all` runs after the tables.
 
 Both index the derived `search_words` column (`memorm.types.SearchWords`):
 the distinct words memorm's normaliser found in the text
@@ -147,24 +147,3 @@ def is_fts_object(name: str | None) -> bool:
         ):
             return True
     return False
-
-
-def _attach(index: FullTextIndex) -> None:
-    def create(target: sa.Table, connection: sa.Connection, **_: object) -> None:
-        dialect = connection.dialect.name
-        statements = index.sqlite_create() if dialect == "sqlite" else index.postgres_create()
-        for statement in statements:
-            connection.exec_driver_sql(statement)
-
-    def drop(target: sa.Table, connection: sa.Connection, **_: object) -> None:
-        dialect = connection.dialect.name
-        statements = index.sqlite_drop() if dialect == "sqlite" else index.postgres_drop()
-        for statement in statements:
-            connection.exec_driver_sql(statement)
-
-    sa.event.listen(index.table, "after_create", create)
-    sa.event.listen(index.table, "before_drop", drop)
-
-
-for _index in FTS_INDEXES:
-    _attach(_index)

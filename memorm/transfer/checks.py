@@ -27,9 +27,11 @@ from memorm.models import fields
 from memorm.repositories.agents import _check_core_memory, _check_retention
 from memorm.repositories.checkpoints import check_state_key
 from memorm.repositories.message_input import _GIVEN, check_message
-from memorm.repositories.passage_queries import _check_half, _check_model_name, _check_shape
+from memorm.repositories.passage_checks import check_half as _check_half
+from memorm.repositories.passage_checks import check_model_name as _check_model_name
+from memorm.repositories.passage_checks import check_shape as _check_shape
 from memorm.repositories.sessions import _check_key
-from memorm.repositories.store import MAX_KEY_BYTES, check_minutes
+from memorm.repositories.store_items import MAX_KEY_BYTES, check_minutes
 from memorm.tenancy import check_tenant
 from memorm.transfer.rows import column_names
 from memorm.types import JSONType, VectorType

@@ -36,12 +36,9 @@ from memorm.errors import ConflictError, ValidationError
 from memorm.models import (
     AGENT_NAMES,
     AGENTS,
-    CHECKPOINT_TABLES,
-    EMBEDDING_MODELS,
+    DATA_TABLES,
     MESSAGES,
     PASSAGES,
-    SESSIONS,
-    STORE_TABLES,
     STORE_VECTORS,
     fields,
 )
@@ -71,15 +68,7 @@ __all__ = [
 # Parents before children: every foreign key finds its row already written.  The
 # LangGraph tables (memorm.compat.langgraph) come last: the graph state after its
 # sessions, then the agents' long-term store (items before their vectors).
-TABLES: tuple[sa.Table, ...] = (
-    AGENTS,
-    EMBEDDING_MODELS,
-    SESSIONS,
-    MESSAGES,
-    PASSAGES,
-    *CHECKPOINT_TABLES,
-    *STORE_TABLES,
-)
+TABLES: tuple[sa.Table, ...] = DATA_TABLES
 DEFAULT_BATCH_SIZE = 5_000
 
 Row = tuple[Any, ...]

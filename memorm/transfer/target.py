@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from memorm.config import sqlite_file
 from memorm.db import Database
 from memorm.progress import Reporter
+from memorm.schema_state import role_bypasses_rls
 from memorm.transfer.scope import Scope, check_reach
 from memorm.translate import translating
 
@@ -55,7 +56,7 @@ async def check_destination(db: Database, tenant: Scope = None) -> bool:
         return False
     if db.dialect == "postgresql" and tenant is None:
         # The role, looked up as the schema check does (which needs no schema).
-        check_reach(db, tenant, bypasses=await db._bypasses_rls())
+        check_reach(db, tenant, bypasses=await role_bypasses_rls(db))
     return True
 
 

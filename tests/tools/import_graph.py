@@ -33,25 +33,33 @@ LAYERS: list[tuple[str, ...]] = [
     # Entry points: the command, framework adapters, whole-database copies, the pytest plugin.
     ("memorm.cli", "memorm.compat", "memorm.transfer", "memorm.legacy", "memorm.demo", "memorm.testing"),
     ("memorm",),  # the package's re-exports
-    # Services that take a `Database` and run many units of work.
-    ("memorm.migrate", "memorm.drift", "memorm.retention", "memorm.tenants", "memorm.roles"),
+    ("memorm.db",),  # the public front: units of work, tenant views, whole-database operations
+    # Services that run many units of work or reach the whole database, through a protocol
+    # (`memorm.uow.UnitsOfWork`, `memorm.engines.Reachable`), not `Database`.
+    ("memorm.migrate", "memorm.retention", "memorm.tenants", "memorm.roles"),
     ("memorm.distribute", "memorm.scrub"),
-    ("memorm.db",),
     ("memorm.uow",),
+    ("memorm.backend",),  # what a database's units of work share
+    ("memorm.connections", "memorm.schema_state"),
     ("memorm.repositories",),
     ("memorm.search",),
     # The connection a unit of work runs on, and the statements that go straight to the driver.
     (
         "memorm.link",
         "memorm.driver",
+        "memorm.connection_state",
         "memorm.engines",
         "memorm.routing",
         "memorm.translate",
         "memorm.conflicts",
     ),
-    ("memorm.models", "memorm.rls", "memorm.tenancy"),
+    ("memorm.models", "memorm.rls"),
+    ("memorm.graph_models",),  # the graph tables beside memorm's own
+    ("memorm.rows",),  # the tables' base, and how row objects are built
+    ("memorm.tenancy",),
     ("memorm.types",),
     ("memorm.graph_values", "memorm.msgpack_read", "memorm.progress", "memorm.tokens", "memorm.embeddings"),
+    ("memorm.removal",),  # what deleting rows removed: results the repositories and services return
     ("memorm.config", "memorm.validation", "memorm.concurrency", "memorm.ids", "memorm.page"),
     ("memorm.errors",),
 ]

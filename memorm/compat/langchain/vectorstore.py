@@ -23,7 +23,7 @@ from memorm.compat.langchain.search import VectorSearch
 from memorm.db import Database
 from memorm.errors import ValidationError
 from memorm.models import Agent, ArchivalPassage
-from memorm.search.vector import check_metric
+from memorm.search.vector_index import check_metric
 from memorm.validation import as_uuid, check_list, check_name
 
 __all__ = ["MemormVectorStore"]
