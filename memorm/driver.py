@@ -11,7 +11,7 @@ and the ORM's `add_all` about 5x, so batches skip both:
   row-level security, for which Postgres refuses `COPY FROM`.
 
 **Fetches** (`fetch`).  The hot statements (appends, windows, context)
-are module-level constants, compiled once per dialect with their values'
+are module-level constants, compiled once per dialect (`memorm.compiled`) with their values'
 bind processors and their rows' decoders (`Decoder`: a window's repeated
 session and agent ids and timestamps are decoded once), and sent to the
 driver itself: aiosqlite's `execute_fetchall` (one thread hop, where
@@ -29,7 +29,7 @@ rows are exactly what SQLAlchemy would have sent and returned.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
 from operator import itemgetter
@@ -38,11 +38,9 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 
+from memorm.compiled import Decoder, Processor, compiled, decode
 from memorm.connection_state import WATCHERS, sent
-from memorm.tenancy import TENANT
 from memorm.translate import check_writable, guarded
-from memorm.types.datetime import UTCDateTime
-from memorm.types.uuid import UUIDType
 
 if TYPE_CHECKING:
     from memorm.link import Link
@@ -56,10 +54,8 @@ __all__ = [
     "insert_rows",
 ]
 
-Processor = Callable[[Any], Any] | None
 OnConflict = Literal["error", "ignore", "update"]  # what an insert does with a row whose key is taken
 COPY_THRESHOLD = 64  # rows; below this a prepared INSERT beats COPY's set-up on Postgres
-_UNSET = object()
 Rows = Sequence[Sequence[Any]] | Sequence[Mapping[str, Any]]
 """Rows to insert: tuples of values in column order, or dicts holding them under the columns' names."""
 
@@ -126,7 +122,7 @@ async def insert_many(
                     sent(link.engine, sql, values)
             await _sqlite_run(link, statements)
             return
-        if not link.commits_alone(len(statements)):
+        if not link.take_only_call(len(statements)):
             await link.ready()
         driver = link.driver
         if before is not None:
@@ -136,7 +132,11 @@ async def insert_many(
         for table, names, records, sql, on_conflict in prepared:
             # A unit of work that sets its tenant runs under row-level security, and Postgres
             # refuses COPY FROM to a table with row-level security.  COPY knows no conflicts.
-            copy = TENANT not in link.info and on_conflict == "error" and len(records) >= COPY_THRESHOLD
+            copy = (
+                link.state.tenant_setting is None
+                and on_conflict == "error"
+                and len(records) >= COPY_THRESHOLD
+            )
             if WATCHERS:
                 sent(link.engine, f"COPY {table.name}" if copy else sql, records)
             if copy:
@@ -269,24 +269,24 @@ async def fetch(link: Link, statement: Any, params: dict[str, Any]) -> list[tupl
             sent(link.engine, sql, values)
         rows = await _sqlite_run(link, [(sql, values, False)])
     else:
-        if not link.commits_alone():
+        if not link.take_only_call():
             await link.ready()
         if WATCHERS:
             sent(link.engine, sql, values)
-        if link.fresh and link.read_only:  # a read first: again on a fresh connection if this one died
+        if link.fresh and link.state.read_only:  # a read first: again on a fresh connection if this one died
             rows = await link.first_trip(lambda: link.driver.fetch(sql, *values))
         else:
             rows = await link.driver.fetch(sql, *values)
     if not any(results):
         return [tuple(row) for row in rows]
-    return _decode(rows, results)
+    return decode(rows, results)
 
 
 def _bound(
     link: Link, statement: Any, params: dict[str, Any]
 ) -> tuple[str, list[Any], tuple[Decoder | None, ...]]:
     """`statement`'s SQL (compiled once per dialect), `params` as driver values, its rows' decoders."""
-    sql, names, binds, defaults, results = _compiled(link.dialect, statement)
+    sql, names, binds, defaults, results = compiled(link.dialect, statement)
     given = (params[n] if n in params else defaults[n] for n in names)  # e.g. SQLite's implicit OFFSET 0
     values = [v if p is None or v is None else p(v) for p, v in zip(binds, given, strict=True)]
     return sql, values, results
@@ -302,11 +302,11 @@ async def _sqlite_run(link: Link, statements: Sequence[Statement]) -> list[Any]:
     more than a short statement itself; a unit of work's first statement
     takes its `BEGIN IMMEDIATE` along (through aiosqlite's own queue of
     calls), and a one-statement unit of work's call its `COMMIT` too
-    (`Link.commits_alone`).  Returns the last statement's rows (none if run
+    (`Link.take_only_call`).  Returns the last statement's rows (none if run
     once per row).
     """
     driver = link.driver
-    commit = link.commits_alone()
+    commit = link.take_only_call()
     begin = link.needs_begin
     if begin:
         link.begun = True
@@ -338,63 +338,3 @@ def _run(driver: Any, statements: Sequence[Statement], begin: bool, commit: bool
     if commit:
         connection.execute("COMMIT")
     return rows
-
-
-@lru_cache(maxsize=256)
-def _compiled(
-    dialect: Dialect, statement: Any
-) -> tuple[str, tuple[str, ...], tuple[Processor, ...], dict[str, Any], tuple[Decoder | None, ...]]:
-    compiled = statement.compile(dialect=dialect)
-    names = tuple(compiled.positiontup or ())
-    binds = tuple(compiled.binds[name].type._cached_bind_processor(dialect) for name in names)
-    defaults = {name: compiled.binds[name].value for name in names}
-    results = tuple(_decoder(column.type, dialect) for column in statement.exported_columns)
-    return str(compiled), names, binds, defaults, results
-
-
-class Decoder(NamedTuple):
-    """How a result column's driver values become Python values."""
-
-    process: Callable[[Any], Any]
-    # The value is immutable (a UUID, a datetime): rows repeating the previous
-    # row's driver value (a window's session and agent ids, the timestamps of a
-    # batch) share its Python value instead of decoding it again.
-    shared: bool
-
-
-def _decoder(column_type: Any, dialect: Dialect) -> Decoder | None:
-    if dialect.name == "postgresql" and isinstance(column_type, sa.Float):
-        # SQLAlchemy picks asyncpg's float processor by the column's type OID, known
-        # only per result; asyncpg gives a float8 or float4 (distances) as a float.
-        return None
-    process = column_type._cached_result_processor(dialect, None)
-    if process is None:
-        return None
-    return Decoder(process, isinstance(column_type, (UUIDType, UTCDateTime)))
-
-
-def _decode(rows: Sequence[Sequence[Any]], decoders: Sequence[Decoder | None]) -> list[tuple[Any, ...]]:
-    """Driver rows -> Python rows, by each column's decoder (built once per statement).
-
-    Only the columns that have a decoder are visited; a shared (immutable)
-    value repeating the previous row's is decoded once.
-    """
-    active = [(index, decoder.process, decoder.shared) for index, decoder in enumerate(decoders) if decoder]
-    last_in: list[Any] = [_UNSET] * len(decoders)
-    last_out: list[Any] = [None] * len(decoders)
-    decoded = []
-    for row in rows:
-        values = list(row)
-        for index, process, shared in active:
-            value = values[index]
-            if value is None:
-                continue
-            if not shared:
-                values[index] = process(value)
-            elif value == last_in[index]:
-                values[index] = last_out[index]
-            else:
-                values[index] = last_out[index] = process(value)
-                last_in[index] = value
-        decoded.append(tuple(values))
-    return decoded

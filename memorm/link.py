@@ -55,10 +55,10 @@ server connection even behind a transaction pooler (a rollback undoes the
 caller's changes by itself).  On SQLite the connection is closed instead (a
 new one opens in about a millisecond).
 
-`info` holds the unit of work's state (read-only, tenant, failure,
-interruption, routes, archive writes): the repositories, the error
-translation (`memorm.translate`) and the ORM session (whose `info` is this
-same dict) all read and write it.
+`state` is the unit of work's (`memorm.unit_state.UnitState`: read-only,
+tenant, failure, interruption, routes, archive writes): the repositories,
+the driver paths and the error translation (`memorm.translate`) read and
+write it there.
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ from memorm.connection_state import WATCHERS, in_transaction, sent
 from memorm.engines import is_closed
 from memorm.tenancy import begin_statements
 from memorm.translate import lost
+from memorm.unit_state import UnitState
 
 __all__ = ["LINK", "RESET_SESSION", "Link"]
 
@@ -105,11 +106,8 @@ class Link:
         self,
         engine: AsyncEngine,
         pooled: PoolProxiedConnection,
-        info: dict[Any, Any],
+        state: UnitState,
         *,
-        read_only: bool,
-        tenant_setting: str | None = None,
-        distributed: bool = False,
         one_statement: bool = False,
         replace: Callable[[], Awaitable[PoolProxiedConnection]] | None = None,
         setup: str | None = None,
@@ -118,17 +116,14 @@ class Link:
         self.engine = engine
         self.dialect: Dialect = engine.dialect
         self.sqlite = self.dialect.name == "sqlite"
-        self.info = info
-        self.read_only = read_only
-        self._tenant = tenant_setting  # set per transaction under row-level security
-        self._distributed = distributed
+        self.state = state
         self._connection: AsyncConnection | None = None
         self._session: AsyncSession | None = None
         # Whether a transaction is needed before a statement: writers always,
         # readers only to carry the tenant's setting.
         # Behind a transaction pooler: the session is the pooler's, nothing of it ours.
         self.pooler = pooler
-        self._transactional = not read_only or tenant_setting is not None
+        self._transactional = not state.read_only or state.tenant_setting is not None
         self.begun = False
         self.one_statement = one_statement
         self._spent = False  # a one-statement unit of work's driver call was made
@@ -170,7 +165,6 @@ class Link:
                 expire_on_commit=False,
                 autoflush=False,
             )
-            session.sync_session.info = self.info  # one state, whoever holds which handle
             self._session = session
         return self._session
 
@@ -209,11 +203,13 @@ class Link:
         """Whether the next statement must begin the transaction first."""
         return self._transactional and not self.begun
 
-    def commits_alone(self, statements: int = 1) -> bool:
-        """Whether the next driver call (of `statements` statements) commits by itself.
+    def take_only_call(self, statements: int = 1) -> bool:
+        """Take a one-statement unit of work's one driver call: whether it commits by itself.
 
-        Only in a one-statement unit of work, whose one driver call it is (a
-        second is refused, on every engine): on SQLite the call takes its
+        Called by each driver call (of `statements` statements) as it starts.
+        False, and nothing taken, in any other unit of work.  A second call of
+        a one-statement unit of work is refused, on every engine; the first
+        commits by itself on SQLite, where the call takes its
         `BEGIN` (if due) and `COMMIT` along (`memorm.driver`); on Postgres a
         lone statement runs without them, where no transaction is open and no
         tenant setting needs one (else the unit of work commits as usual).
@@ -223,7 +219,7 @@ class Link:
         if self._spent:
             raise RuntimeError("a one-statement unit of work sent a second statement")
         self._spent = True
-        return self.sqlite or (statements == 1 and self._tenant is None and not self.begun)
+        return self.sqlite or (statements == 1 and self.state.tenant_setting is None and not self.begun)
 
     async def ready(self) -> None:
         """Begin the transaction, if this unit of work needs one and has none yet."""
@@ -263,11 +259,12 @@ class Link:
             if self.sqlite:
                 await self._send("BEGIN IMMEDIATE")
                 return
-            if self._tenant is None:
+            state = self.state
+            if state.tenant_setting is None:
                 await self._send("BEGIN ISOLATION LEVEL READ COMMITTED")
                 return
             for statement in begin_statements(
-                self._tenant, read_only=self.read_only, distributed=self._distributed
+                state.tenant_setting, read_only=state.read_only, distributed=state.distributed
             ):
                 await self._send(statement)
         except BaseException:

@@ -18,10 +18,7 @@ import threading
 import uuid
 from collections import OrderedDict
 
-__all__ = ["DISTRIBUTED", "ROUTES", "SessionAgents"]
-
-ROUTES = "memorm_routes"  # AsyncSession.info: the database's SessionAgents
-DISTRIBUTED = "memorm_distributed"  # AsyncSession.info: whether the tables are sharded by agent
+__all__ = ["SessionAgents"]
 
 
 class SessionAgents:

@@ -15,7 +15,6 @@ from memorm.errors import ValidationError
 __all__ = [
     "DEFAULT_TENANT",
     "MAX_TENANT",
-    "TENANT",
     "TENANT_SETTING",
     "begin_statements",
     "check_tenant",
@@ -43,9 +42,6 @@ def check_tenant(value: object, field: str = "tenant") -> str:
     except UnicodeEncodeError:
         raise ValidationError(f"{field}: contains a lone surrogate, which no database can store") from None
     return value
-
-
-TENANT = "memorm_tenant"  # unit of work info: the tenant each transaction sets on Postgres
 
 
 def begin_statements(tenant: str, *, read_only: bool, distributed: bool = False) -> tuple[str, ...]:

@@ -12,7 +12,7 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Protocol
 
 from sqlalchemy import exc as sa_exc
 
@@ -26,14 +26,12 @@ from memorm.errors import (
     SchemaError,
     ValidationError,
 )
+from memorm.unit_state import UnitState
 
 __all__ = [
-    "FAILED",
-    "INTERRUPTED",
     "MANAGED",
     "READ_ONLY",
     "check_writable",
-    "failure",
     "guarded",
     "lost",
     "transient",
@@ -192,32 +190,26 @@ def transient(error: BaseException) -> bool:
     return bool(error.__dict__.get(_TRANSIENT_MARK, False))
 
 
-FAILED = "memorm_failed"  # unit of work info keys (`memorm.link`), set by the unit of work and guarded()
-INTERRUPTED = "memorm_interrupted"
+# Execution options of a connection: it reads only (no BEGIN; SQLite's readers run beside
+# the writer), and a unit of work owns its clean-up.
 READ_ONLY = "memorm_read_only"
-MANAGED = "memorm_managed"  # execution option: a unit of work owns this connection's clean-up
+MANAGED = "memorm_managed"
 
 
 class Stateful(Protocol):
-    """What holds a unit of work's state: its `Link`, or the ORM session sharing it."""
+    """What holds a unit of work's state: its `Link`."""
 
     @property
-    def info(self) -> dict[Any, Any]: ...
+    def state(self) -> UnitState: ...
 
 
-def check_writable(session: Stateful) -> None:
+def check_writable(link: Stateful) -> None:
     """Refuse a write in a read-only unit of work (it would commit at once, unasked)."""
-    if session.info.get(READ_ONLY, False):
+    if link.state.read_only:
         raise ValidationError("this unit of work is read-only: open db.unit_of_work() to write")
 
 
-def failure(session: Stateful) -> MemormError | None:
-    """The error that failed this session's unit of work, if one did."""
-    error = session.info.get(FAILED)
-    return error if isinstance(error, MemormError) else None
-
-
-def guarded(session: Stateful, *, recoverable: bool = False) -> Guard:
+def guarded(link: Stateful, *, recoverable: bool = False) -> Guard:
     """`translating`, and the unit of work's record of what went wrong.
 
     A database error fails the unit of work, on both engines alike: Postgres
@@ -231,21 +223,21 @@ def guarded(session: Stateful, *, recoverable: bool = False) -> Guard:
     statement took effect is unknown.  The unit of work then drops the
     connection instead of returning it to the pool.
     """
-    return Guard(session.info, recoverable)
+    return Guard(link.state, recoverable)
 
 
 class Guard:
     """What `guarded` returns: a plain async context manager (no generator per statement)."""
 
-    __slots__ = ("info", "recoverable")
+    __slots__ = ("recoverable", "state")
 
-    def __init__(self, info: dict[Any, Any], recoverable: bool) -> None:
-        self.info = info
+    def __init__(self, state: UnitState, recoverable: bool) -> None:
+        self.state = state
         self.recoverable = recoverable
 
     async def __aenter__(self) -> None:
-        earlier = self.info.get(FAILED)
-        if isinstance(earlier, MemormError):
+        earlier = self.state.failed
+        if earlier is not None:
             raise DatabaseError(f"this unit of work already failed ({earlier}); it can only roll back")
 
     async def __aexit__(
@@ -256,15 +248,16 @@ class Guard:
         if isinstance(error, Exception):
             translated = translate(error)
             if isinstance(translated, MemormError) and not self.recoverable and translated is not error:
-                self.info[FAILED] = translated  # from the database, not our checks
+                self.state.failed = translated  # from the database, not our checks
             if translated is not None and translated is not error:
                 raise translated from error
             if isinstance(error, MemormError) and not self.recoverable and error.__cause__ is not None:
-                self.info[FAILED] = error
+                self.state.failed = error
             return
         # Cancelled (or interrupted) amid a statement.
-        self.info[INTERRUPTED] = True
-        self.info.setdefault(FAILED, DatabaseError("a statement was interrupted by cancellation"))
+        self.state.interrupted = True
+        if self.state.failed is None:
+            self.state.failed = DatabaseError("a statement was interrupted by cancellation")
 
 
 @contextmanager

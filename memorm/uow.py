@@ -19,7 +19,7 @@ half-run statement left behind, and a new connection costs less than a
 poisoned one.
 
 Units of work of one event loop take their turns at the connection pool in
-arrival order (`memorm.concurrency.Gate`), and one that waits longer than
+arrival order (`memorm.concurrency.Gate`, held in `memorm.checkout.Hold`), and one that waits longer than
 the pool's `pool_timeout` raises `PoolTimeoutError`.  A connection found
 dead at check-out is dropped and another taken (`memorm.link` says what
 happens to one that dies later).
@@ -34,15 +34,15 @@ from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar, overload
 
 import anyio
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
-from sqlalchemy.pool import PoolProxiedConnection
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.util import greenlet_spawn
 
 from memorm.backend import Backend
-from memorm.concurrency import CrossLoopLock, Gate, protect
+from memorm.checkout import Hold
+from memorm.concurrency import protect
 from memorm.connection_state import in_transaction, interrupt
-from memorm.engines import LoopEngine, NeedsBridge, Reachable, is_closed
-from memorm.errors import DatabaseError, MemormError, PoolTimeoutError, ValidationError
+from memorm.engines import Reachable, is_closed
+from memorm.errors import DatabaseError, MemormError, ValidationError
 from memorm.link import Link
 from memorm.repositories import (
     AgentRepository,
@@ -52,10 +52,10 @@ from memorm.repositories import (
     SessionRepository,
     StoreRepository,
 )
-from memorm.routing import DISTRIBUTED, ROUTES
-from memorm.search.vector_scan import ARCHIVE_WRITES, VectorCache
-from memorm.tenancy import DEFAULT_TENANT, TENANT
-from memorm.translate import FAILED, INTERRUPTED, MANAGED, READ_ONLY, failure, translating
+from memorm.search.vector_scan import VectorCache
+from memorm.tenancy import DEFAULT_TENANT
+from memorm.translate import MANAGED, READ_ONLY, translating
+from memorm.unit_state import UnitState
 
 __all__ = ["UnitOfWork", "UnitsOfWork"]
 
@@ -134,10 +134,7 @@ class UnitOfWork:
         # commits with it (`memorm.link`): no BEGIN/COMMIT round trips of its own.
         self.one_statement = one_statement
         self._open = False
-        self._writer: CrossLoopLock | None = None
-        self._writing: LoopEngine | None = None  # counted in its `writers` while open
-        self._gate: Gate | None = None  # passed: this unit of work has its turn at the pool
-        self._pooled: PoolProxiedConnection | None = None  # checked out, not yet in a link
+        self._hold = Hold()  # its place among writers, write lock, turn and connection while open
         self._link: Link | None = None
         self._interrupted = False
 
@@ -166,24 +163,12 @@ class UnitOfWork:
         await self.backend.check_schema()
         self._interrupted = False
         if not self.read_only:
-            # Counted from here (queued for the write lock too), so a sync call blocking
-            # this loop raises instead of waiting for this unit of work (`memorm.engines`).
-            self._writing = self.backend.engines.open_writer()
-        writer = None if self.read_only else self.backend.writer_lock
-        if writer is not None:
-            try:
-                # Cancellable (a cancelled waiter just leaves the queue), and bounded as the pool is.
-                gate = self._writing.gate if self._writing is not None else None
-                await writer.acquire(None if gate is None else gate.timeout, _write_lock_timeout)
-            except BaseException:
-                self._release_writer()
-                raise
-        self._writer = writer
+            await self._hold.take_write_lock(self.backend)
         try:
             await self._begin()
         except BaseException as error:
             self._interrupted |= not isinstance(error, Exception)
-            await protect(self._finish())
+            await protect(self._close())
             raise
         self._open = True
         return self
@@ -196,7 +181,7 @@ class UnitOfWork:
     ) -> None:
         if exc_type is not None:
             self._interrupted |= not issubclass(exc_type, Exception)  # cancelled, or a signal
-            await protect(self._finish())
+            await protect(self._close())
             return
         link = self._link
         assert link is not None
@@ -213,7 +198,7 @@ class UnitOfWork:
         except BaseException as error:
             self._interrupted |= not isinstance(error, Exception)
             try:
-                await protect(self._finish())
+                await protect(self._close())
             except asyncio.CancelledError as cancelled:
                 # Cancelled as the commit failed: the cancellation wins, the failure is its cause.
                 if cancelled is error:
@@ -221,16 +206,17 @@ class UnitOfWork:
                 raise cancelled from error
             raise
         if self._interrupted or in_transaction(link.driver):
-            await protect(self._finish())
+            await protect(self._close())
         elif link.touched or is_closed(link.driver):
-            await protect(self._close_clean())  # dropped (the greenlet bridge, IO): never cut in half
+            await protect(self._close(committed=True))  # dropped (the greenlet bridge, IO): never cut in half
         else:
-            await self._close_clean()
+            await self._close(committed=True)
 
     async def _begin(self) -> None:
         """Check out a connection and set up the repositories (the first statement begins)."""
         backend = self.backend
-        state = self._writing or backend.engines.current()  # a writer's was found as it was counted
+        hold = self._hold
+        state = hold.loop_engine(backend)
         postgres = backend.dialect == "postgresql"
         # On Postgres, under row-level security, every transaction first sets the
         # tenant it may see (transaction-local: it ends with the transaction).
@@ -248,137 +234,56 @@ class UnitOfWork:
             # the tenant setting needs a transaction to live in.
             options[READ_ONLY] = True
         engine = state.with_options(self.read_only, options)
-        gate = state.gate
-        if gate is not None:
-            await gate.enter(_pool_timeout)  # cancellable: a cancelled waiter just leaves the line
-            self._gate = gate
-        with translating():
-            await self._checkout(state, engine)
-        pooled = self._pooled
-        assert pooled is not None
-        info: dict[Any, Any] = {
-            READ_ONLY: self.read_only,
-            ROUTES: backend.session_agents,
-            DISTRIBUTED: backend.distributed,
-        }
-        tenant_setting = self.tenant if sets_tenant else None
-        if tenant_setting is not None:
-            info[TENANT] = tenant_setting
+        pooled = await hold.take_connection(state, engine)
+        unit = UnitState(
+            self.tenant,
+            self.read_only,
+            backend.session_agents,
+            tenant_setting=self.tenant if sets_tenant else None,
+            distributed=backend.distributed,
+        )
         self._link = Link(
             engine,
             pooled,
-            info,
-            read_only=self.read_only,
-            tenant_setting=tenant_setting,
-            distributed=backend.distributed,
+            unit,
             one_statement=self.one_statement,
-            replace=None if backend.dialect == "sqlite" else lambda: self._replace(state, engine),
+            replace=None if backend.dialect == "sqlite" else lambda: hold.replace(state, engine),
             setup=backend.session_setup,
             pooler=backend.transaction_pooling,
         )
         for name in _REPOSITORIES:  # made anew on first use, on this link
             self.__dict__.pop(name, None)
 
-    async def _checkout(self, state: LoopEngine, engine: AsyncEngine) -> None:
-        """Check out a live connection into `self._pooled`, dropping those that died in the pool.
+    async def _close(self, *, committed: bool = False) -> None:
+        """Give the connection back, then the turn at the pool and the SQLite write lock.
 
-        A connection waiting in the pool is taken without IO, so without the
-        greenlet bridge; one that must be opened (or reopened) is opened
-        through the bridge, protected from cancellation (asyncpg would
-        abandon its handshake, SQLAlchemy the half-made connection).  A
-        connection the server or the network closed while it waited (a
-        restart, an idle timeout) is seen closed as it is taken: closed for
-        good, and the next one taken, at no cost to the caller.
-        """
-        pool = engine.sync_engine.pool
-        for _ in range(_DEAD_IN_A_ROW):
-            pooled = None
-            if state.checks_out_without_io():
-                try:
-                    pooled = pool.connect()
-                except NeedsBridge:  # it must reconnect: through the bridge, below
-                    pooled = None
-            if pooled is None:
-                await protect(self._connect(pool))
-            else:
-                self._pooled = pooled
-            taken = self._pooled
-            assert taken is not None
-            if not is_closed(taken.driver_connection):
-                return
-            self._pooled = None
-            await protect(greenlet_spawn(taken.invalidate))  # closed for good, and checked in
-        raise DatabaseError("the connection to the database was lost: every connection opened was closed")
-
-    async def _connect(self, pool: Any) -> None:
-        # Kept on self at once: a cancellation delivered after this protected
-        # check-out must still find the connection to return.
-        self._pooled = await greenlet_spawn(pool.connect)
-
-    async def _replace(self, state: LoopEngine, engine: AsyncEngine) -> PoolProxiedConnection:
-        """A live connection in place of this unit of work's, which died at its first trip."""
-        dead, self._pooled = self._pooled, None
-        if dead is not None:
-            await protect(greenlet_spawn(dead.invalidate))
-        with translating():
-            await self._checkout(state, engine)
-        assert self._pooled is not None
-        return self._pooled
-
-    async def _close_clean(self) -> None:
-        """Return a committed unit of work's connection to the pool, and its turn and write lock.
-
-        After a commit, check-in does no IO (the pool does not reset on
+        `committed`: the unit of work committed and nothing is left of its
+        transaction; check-in then does no IO (the pool does not reset on
         return), so this never suspends and no cancellation can cut it short,
         unless the connection is dropped (dead, or the caller's statements ran
         on it and SQLite cannot reset them): the caller protects it then.
+        Otherwise what is left is rolled back, and a connection nobody can
+        vouch for (interrupted, or still in a transaction after the rollback)
+        is closed for good: the pool opens a new one.
         """
-        link, self._link, self._pooled = self._link, None, None
-        try:
-            if link is not None:
-                await link.close()
-        finally:
-            self._release_writer()
-
-    async def _finish(self) -> None:
-        """Roll back and return the connection, or drop it when nobody can vouch for it."""
-        try:
-            await self._release()
-        finally:
-            self._release_writer()
-
-    def _release_writer(self) -> None:
-        """Give up the turn at the pool (the connection is back) and the SQLite write lock."""
-        self._open = False
-        gate, self._gate = self._gate, None
-        if gate is not None:
-            gate.leave()
-        writer, self._writer = self._writer, None
-        writing, self._writing = self._writing, None
-        if writing is not None:
-            writing.writers -= 1
-        if writer is not None:
-            writer.release()
-
-    async def _release(self) -> None:
         link, self._link = self._link, None
-        pooled, self._pooled = self._pooled, None
-        if link is None:
-            if pooled is not None:  # checked out, cut short before its link was made
-                with contextlib.suppress(Exception):
-                    await greenlet_spawn(pooled.invalidate)
-            return
-        dirty = self._interrupted or link.info.get(INTERRUPTED, False)
-        if not dirty:
-            try:
-                await link.rollback()  # whatever is left
-                dirty = in_transaction(link.driver)
-            except Exception:
-                dirty = True
-        with contextlib.suppress(Exception):
-            if dirty:
-                await interrupt(link.driver)
-            await link.close(invalidate=dirty)  # dirty: closed for good; the pool opens a new one
+        pooled, self._hold.pooled = self._hold.pooled, None
+        try:
+            if link is None:
+                if pooled is not None:  # checked out, cut short before its link was made
+                    with contextlib.suppress(Exception):
+                        await greenlet_spawn(pooled.invalidate)
+            elif committed:
+                await link.close()
+            else:
+                await _roll_back_and_close(link, dirty=self._interrupted or link.state.interrupted)
+        finally:
+            self._leave()
+
+    def _leave(self) -> None:
+        """Closed: give up the turn at the pool (the connection is back) and the SQLite write lock."""
+        self._open = False
+        self._hold.release()
 
     async def commit(self) -> None:
         """Commit what the repositories wrote so far; the unit of work stays usable.
@@ -391,7 +296,7 @@ class UnitOfWork:
     async def _commit(self) -> None:
         link = self._link
         assert link is not None
-        earlier = failure(link)
+        earlier = link.state.failed
         if earlier is not None:
             await self._rollback()
             raise DatabaseError(f"this unit of work failed ({earlier}) and was rolled back") from earlier
@@ -399,11 +304,11 @@ class UnitOfWork:
             with translating():
                 await link.commit()
         except MemormError as error:
-            link.info[FAILED] = error  # a failed COMMIT leaves nothing to commit later
+            link.state.failed = error  # a failed COMMIT leaves nothing to commit later
             raise
         # Committed archive changes make those agents' cached vectors stale: drop
         # them now, so no deleted vector stays in memory until the next search.
-        written = link.info.pop(ARCHIVE_WRITES, None)
+        written = link.state.take_archive_writes()
         if written:
             self.backend.vector_cache.evict(written)
 
@@ -414,27 +319,23 @@ class UnitOfWork:
     async def _rollback(self) -> None:
         link = self._link
         assert link is not None
-        link.info.pop(FAILED, None)
-        link.info.pop(ARCHIVE_WRITES, None)
+        link.state.rolled_back()
         with translating():
             await link.rollback()
 
 
-_DEAD_IN_A_ROW = 64  # dead connections one check-out drops before it gives up (a pool's worth, and more)
-
-
-def _pool_timeout() -> PoolTimeoutError:
-    return PoolTimeoutError(
-        "no database connection became free within pool_timeout: every pooled connection is in use "
-        "(more units of work at once than pool_size + max_overflow, or some held open across slow work)"
-    )
-
-
-def _write_lock_timeout() -> PoolTimeoutError:
-    return PoolTimeoutError(
-        "SQLite's write lock did not become free within pool_timeout: other units of work of this "
-        "process kept it (one held open across slow work, or more writers than the file can serve)"
-    )
+async def _roll_back_and_close(link: Link, *, dirty: bool) -> None:
+    """Roll back what is left on `link` and return its connection, or drop it when `dirty`."""
+    if not dirty:
+        try:
+            await link.rollback()  # whatever is left
+            dirty = in_transaction(link.driver)
+        except Exception:
+            dirty = True
+    with contextlib.suppress(Exception):
+        if dirty:
+            await interrupt(link.driver)
+        await link.close(invalidate=dirty)  # dirty: closed for good; the pool opens a new one
 
 
 class UnitsOfWork(Reachable, Protocol):

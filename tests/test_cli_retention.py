@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from cli_run import drawn_progress, memorm, run, usage_error
 
-from memorm import Database
+from memorm import Database, retention
 from memorm.types import utcnow
 
 Snapshot = dict[str, list[Any]]
@@ -400,10 +400,11 @@ def test_forget_scrubs_unless_told_not_to_and_purge_only_when_told(
 ) -> None:
     scrubs: list[bool] = []
 
-    async def scrub(self: Database, *, reindex: bool = False) -> None:
+    async def scrub(self: object, *, reindex: bool = False) -> None:
         scrubs.append(reindex)
 
-    monkeypatch.setattr(Database, "scrub", scrub)
+    monkeypatch.setattr(Database, "scrub", scrub)  # `memorm purge --scrub`
+    monkeypatch.setattr(retention, "scrub_database", scrub)  # what `forget` runs after it
     for argv, scrubbed in [
         (["forget", "--meta", "n:=42", "--no-scrub"], []),
         (["forget", "--meta", "n=42"], [False]),

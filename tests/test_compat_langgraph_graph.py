@@ -381,7 +381,7 @@ async def test_a_one_statement_unit_of_work_refuses_a_second_statement(db: Datab
     assert chat is not None
     key = CheckpointKey(chat.id, "", _checkpoint(1)["id"])
     write = StoredWrite("task", "count", ("json", b"1"), "", 0)
-    async with UnitOfWork(db, tenant=db.tenant, one_statement=True) as uow:
+    async with UnitOfWork(db.backend, tenant=db.tenant, one_statement=True) as uow:
         await uow.checkpoints.put_writes(saver.agent_id, key, [write], replace=False)
         with pytest.raises(RuntimeError, match="second statement"):
             await uow.checkpoints.put_writes(saver.agent_id, key, [write._replace(idx=1)], replace=False)

@@ -18,8 +18,7 @@ from memorm.errors import ConflictError, NotFoundError, ValidationError
 from memorm.link import Link
 from memorm.models import AGENTS, MESSAGES, SESSIONS
 from memorm.page import Page
-from memorm.routing import DISTRIBUTED, ROUTES, SessionAgents
-from memorm.search.vector_scan import ARCHIVE_WRITES
+from memorm.routing import SessionAgents
 from memorm.tenancy import DEFAULT_TENANT
 from memorm.translate import check_writable, guarded
 from memorm.validation import check_limit
@@ -98,7 +97,7 @@ class Repository:
     @property
     def _session_agents(self) -> SessionAgents:
         """The database's cache of sessions' agents (every unit of work's link holds it)."""
-        routes: SessionAgents = self.link.info[ROUTES]
+        routes = self.link.state.routes
         return routes
 
     def _remember_agent(self, session_id: uuid.UUID, agent_id: uuid.UUID) -> None:
@@ -141,7 +140,7 @@ class Repository:
     @property
     def _distributed(self) -> bool:
         """Whether the tables are sharded by agent (Citus): a few statements must then stay on one shard."""
-        return bool(self.link.info.get(DISTRIBUTED, False))
+        return self.link.state.distributed
 
     @staticmethod
     def _agent_filter_if_known(table: sa.Table, agent: uuid.UUID | None) -> list[ColumnElement[bool]]:
@@ -196,7 +195,7 @@ class Repository:
 
     def _archives_changed(self, agents: Iterable[tuple[str, uuid.UUID]]) -> None:
         """`_archive_changed` for `(tenant, agent id)`s, of any tenant."""
-        self.link.info.setdefault(ARCHIVE_WRITES, set()).update(agents)
+        self.link.state.archive_writes.update(agents)
 
     async def _lock_sessions(self, *where: ColumnElement[bool]) -> None:
         """Lock the sessions matching `where`, in id order, before deleting their rows.

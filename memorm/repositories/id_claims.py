@@ -33,7 +33,6 @@ import sqlalchemy as sa
 from memorm.conflicts import conflict_message
 from memorm.driver import fetch
 from memorm.errors import ConflictError
-from memorm.routing import DISTRIBUTED
 from memorm.translate import guarded
 from memorm.types.uuid import UUIDList, in_uuids
 
@@ -88,7 +87,7 @@ async def claim(link: Link, table: sa.Table, tenant: str, ids: Collection[uuid.U
     this transaction ends, and then finds its row.  More than
     `CLAIM_ONE_BY_ONE` ids take the table's lock for the tenant instead.
     """
-    if not link.info.get(DISTRIBUTED, False) or not ids:
+    if not link.state.distributed or not ids:
         return
     if len(ids) > CLAIM_ONE_BY_ONE:
         await claim_all(link, table, tenant)
@@ -99,7 +98,7 @@ async def claim(link: Link, table: sa.Table, tenant: str, ids: Collection[uuid.U
 
 async def claim_all(link: Link, table: sa.Table, tenant: str) -> None:
     """Lock every id of `table` in `tenant` (bulk writes), on a distributed database; a no-op elsewhere."""
-    if link.info.get(DISTRIBUTED, False):
+    if link.state.distributed:
         await _lock(link, [_key(table.name, tenant, None)], shared=False)
 
 

@@ -23,7 +23,6 @@ from sqlalchemy.dialects import postgresql
 from memorm.link import Link
 from memorm.models import MESSAGES, SEARCH_WORDS, SESSIONS
 from memorm.repositories.message_queries import _COLUMNS, _FIELDS
-from memorm.routing import DISTRIBUTED
 from memorm.types.uuid import UUIDList, in_uuids
 
 __all__ = [
@@ -55,7 +54,7 @@ def appends_in_one_statement(link: Link) -> bool:
     SQLite has no data-modifying CTEs; Citus runs an `INSERT … SELECT` from
     one through the coordinator (4.5x slower than two routed statements).
     """
-    return not link.sqlite and not link.info.get(DISTRIBUTED, False)
+    return not link.sqlite and not link.state.distributed
 
 
 def claims_ids_first(link: Link) -> bool:
@@ -65,7 +64,7 @@ def claims_ids_first(link: Link) -> bool:
     counter's check (`_not_stored`) probes elsewhere; there `append` takes
     the ids' locks and reads every shard first (`memorm.repositories.id_claims`).
     """
-    return bool(link.info.get(DISTRIBUTED, False))
+    return link.state.distributed
 
 
 def _not_stored(ids: sa.ColumnElement[bool]) -> sa.ColumnElement[bool]:

@@ -15,7 +15,6 @@ from sqlalchemy.sql import ColumnElement
 from memorm.errors import ValidationError
 from memorm.link import Link
 from memorm.models import STORE_VECTORS
-from memorm.routing import DISTRIBUTED
 from memorm.search.store_shapes import DISTANCES
 from memorm.search.vector_index import PROPAGATE, check_build_options
 
@@ -74,7 +73,7 @@ async def ensure_store_index(link: Link, dims: int, distance: str, *, m: int, ef
         postgresql_ops={"embedding": _OPS_CLASS[measure]},
         postgresql_where=indexed_dims(_DETACHED, size),
     )
-    if link.info.get(DISTRIBUTED, False):  # the shards' indexes are built on the workers
+    if link.state.distributed:  # the shards' indexes are built on the workers
         await connection.exec_driver_sql(PROPAGATE)
     await connection.exec_driver_sql("SET LOCAL maintenance_work_mem = '512MB'")
     await connection.execute(CreateIndex(index, if_not_exists=True))

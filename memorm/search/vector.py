@@ -51,10 +51,9 @@ from memorm.search.vector_index import (
 )
 from memorm.search.vector_pg import pg_nearest
 from memorm.search.vector_rows import current_model
-from memorm.search.vector_scan import ARCHIVE_WRITES, VectorCache, sqlite_nearest
+from memorm.search.vector_scan import VectorCache, sqlite_nearest
 
 __all__ = [
-    "ARCHIVE_WRITES",
     "CONNECTION_SETTINGS",
     "METRICS",
     "PROPAGATE",

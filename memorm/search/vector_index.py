@@ -28,8 +28,6 @@ from memorm.connection_state import WATCHERS, in_transaction, sent
 from memorm.errors import ValidationError
 from memorm.link import Link
 from memorm.models import PASSAGES, EmbeddingModel
-from memorm.routing import DISTRIBUTED
-from memorm.translate import READ_ONLY
 
 __all__ = [
     "CONNECTION_SETTINGS",
@@ -53,8 +51,6 @@ DEFAULT_EF_SEARCH = 40  # pgvector's own default
 # sends no settings of its own.  With filters (the agent, at least) an
 # index scan must go on until `k` rows pass: that is the iterative scan.
 CONNECTION_SETTINGS = {"hnsw.ef_search": str(DEFAULT_EF_SEARCH), "hnsw.iterative_scan": "strict_order"}
-# link.info: a SET LOCAL hnsw.ef_search may be in force in this transaction
-_EF_CHANGED = "memorm_ef_search_changed"
 # pgvector's HNSW build options and their bounds (hnsw.h; the server refuses others).
 _M = (2, 100)
 _EF_CONSTRUCTION = (4, 1000)
@@ -136,7 +132,7 @@ async def ensure_index(
     )
     # HNSW builds are memory-hungry: with the default 64 MB, 100k x 384 took 2-4x longer.
     # On Citus the shards' indexes are built on the workers: the setting goes there too.
-    if link.info.get(DISTRIBUTED, False):
+    if link.state.distributed:
         await connection.exec_driver_sql(PROPAGATE)
     await connection.exec_driver_sql("SET LOCAL maintenance_work_mem = '512MB'")
     # IF NOT EXISTS in the DDL itself: an inspector probe can look in another schema.
@@ -178,9 +174,9 @@ async def search_settings(link: Link, ef_search: int | None) -> None:
       stay on whichever server connection the pooler gave it: every search
       sends both settings, in a transaction (begun in the same message).
     """
-    distributed = link.info.get(DISTRIBUTED, False)
+    distributed = link.state.distributed
     every_time = distributed or link.pooler
-    if not every_time and ef_search is None and not link.info.get(_EF_CHANGED, False):
+    if not every_time and ef_search is None and not link.state.ef_search_changed:
         return  # the connection's own settings
     await link.ready()  # a writer's (or a tenant's) transaction is the unit of work's to begin
     driver: Any = link.driver
@@ -191,15 +187,15 @@ async def search_settings(link: Link, ef_search: int | None) -> None:
             "SET LOCAL hnsw.iterative_scan = strict_order",
         ]
     elif ef_search is None:  # an earlier search of this transaction set another value
-        link.info.pop(_EF_CHANGED, None)
+        link.state.ef_search_changed = False
         if in_transaction(driver):  # else it ended, and its SET LOCAL with it
             await _send(link, "SET LOCAL hnsw.ef_search TO DEFAULT")
         return
     else:
         statements = [f"SET LOCAL hnsw.ef_search = {int(ef_search)}"]
-        link.info[_EF_CHANGED] = True
+        link.state.ef_search_changed = True
     if not in_transaction(driver):  # a read-only unit of work: the search begins one
-        mode = " READ ONLY" if link.info.get(READ_ONLY, False) else ""
+        mode = " READ ONLY" if link.state.read_only else ""
         begin = f"BEGIN ISOLATION LEVEL READ COMMITTED{mode}"
         if distributed:
             await _send(link, begin)

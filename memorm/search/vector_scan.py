@@ -33,10 +33,8 @@ if TYPE_CHECKING:
     import numpy as np
     from numpy.typing import NDArray
 
-__all__ = ["ARCHIVE_WRITES", "VectorCache", "sqlite_nearest"]
+__all__ = ["VectorCache", "sqlite_nearest"]
 
-# AsyncSession.info: (tenant, agent id)s whose archive this unit of work changed
-ARCHIVE_WRITES = "memorm_archive_writes"
 _THREAD_ABOVE = 200_000  # matrix cells; smaller searches run inline (a thread hop costs ~0.1 ms)
 
 # SQLite's exact search: the agent's archive version, with whether the (perhaps cached)
@@ -116,7 +114,7 @@ class VectorCache:
         version, current = found[0]
         if not current:
             return None
-        if (tenant, agent_id) in link.info.get(ARCHIVE_WRITES, ()):
+        if (tenant, agent_id) in link.state.archive_writes:
             # This unit of work changed the archive: its rows are not committed
             # and may roll back, so they must not outlive it in the cache.
             return await _load_matrix(link, tenant, agent_id, model, version)

@@ -150,7 +150,7 @@ class FileCheck:
     async def _select(self, statement: sa.Select[Any]) -> list[tuple[Any, ...]]:
         if self.db is None:
             return []
-        async with scoped(self.db, self.tenant, read_only=True) as uow, guarded(uow.link.session):
+        async with scoped(self.db, self.tenant, read_only=True) as uow, guarded(uow.link):
             return [tuple(row) for row in await uow.link.session.execute(statement)]
 
     async def _stored(

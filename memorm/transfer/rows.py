@@ -157,7 +157,7 @@ async def _tenants_of(db: Database, table: sa.Table, tenant: Scope) -> list[str]
         return [tenant]
     found: list[str] = []
     first = sa.select(sa.func.min(table.c.tenant))
-    async with scoped(db, None, read_only=True) as uow, guarded(uow.link.session):
+    async with scoped(db, None, read_only=True) as uow, guarded(uow.link):
         last = await uow.link.session.scalar(first)
         while last is not None:
             found.append(last)
@@ -170,7 +170,7 @@ async def count_rows(db: Database, table: sa.Table, *, tenant: Scope = None) -> 
     statement = sa.select(sa.func.count()).select_from(table)
     if tenant is not None:
         statement = statement.where(table.c.tenant == tenant)
-    async with scoped(db, tenant, read_only=True) as uow, guarded(uow.link.session):
+    async with scoped(db, tenant, read_only=True) as uow, guarded(uow.link):
         total = await uow.link.session.scalar(statement)
     return int(total or 0)
 
@@ -240,7 +240,7 @@ async def insert_new(db: Database, table: sa.Table, rows: Sequence[Row], *, tena
             # unique index says so, no other writer stores these ids between look-up and insert.
             for owner_tenant in sorted({row[owner] for row in rows}):
                 await claim_all(uow.link, table, owner_tenant)
-        async with guarded(uow.link.session):
+        async with guarded(uow.link):
             found: set[tuple[Any, ...]] = set()
             for where in matching(lookup, {key[: len(lookup)] for key in keys}):
                 stored = await uow.link.session.execute(sa.select(*columns).where(where))

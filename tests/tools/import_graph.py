@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("memorm.migrate", "memorm.retention", "memorm.tenants", "memorm.roles"),
     ("memorm.distribute", "memorm.scrub"),
     ("memorm.uow",),
+    ("memorm.checkout",),  # what an open unit of work holds: write lock, turn, connection
     ("memorm.backend",),  # what a database's units of work share
     ("memorm.connections", "memorm.schema_state"),
     ("memorm.repositories",),
@@ -47,7 +48,9 @@ LAYERS: list[tuple[str, ...]] = [
     (
         "memorm.link",
         "memorm.driver",
+        "memorm.compiled",
         "memorm.connection_state",
+        "memorm.unit_state",
         "memorm.engines",
         "memorm.routing",
         "memorm.translate",
