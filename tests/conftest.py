@@ -154,8 +154,10 @@ class Store:
     url: str
     options: dict[str, Any] = field(default_factory=dict)
     schema: str | None = None
-    # MEMORM_TEST_CITUS=1: the schema comes from the pool, created and distributed already.
+    # The schema comes from the pool, created (and on Citus distributed) already.
     ready: bool = False
+    # The schema may go back to the pool after the test (see `_keep_schema`).
+    pooled: bool = False
     # MEMORM_TEST_PGBOUNCER=1: the store's own database (its tables in `public`).
     own_database: str | None = None
 
@@ -190,8 +192,8 @@ def engine(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-async def store(engine: str, tmp_path: Path) -> AsyncIterator[Store]:
-    """An empty store (no schema) for one test."""
+async def store(engine: str, tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    """An empty store (no schema) for one test; for a test on `db`, perhaps a pooled schema (below)."""
     if engine == "sqlite":
         yield Store(engine, f"sqlite+aiosqlite:///{tmp_path / 'memorm.db'}")
         return
@@ -209,7 +211,8 @@ async def store(engine: str, tmp_path: Path) -> AsyncIterator[Store]:
         finally:
             await admin_execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         return
-    reused = _citus_clean.pop() if CITUS and _citus_clean else None
+    pooled = CITUS or "db" in request.fixturenames  # a test on `db` takes memorm's schema as it comes
+    reused = _schema_pool.pop() if pooled and _schema_pool else None
     schema = reused or f"t_{uuid.uuid4().hex[:16]}"
     admin = await asyncpg.connect(asyncpg_dsn())
     try:
@@ -221,21 +224,25 @@ async def store(engine: str, tmp_path: Path) -> AsyncIterator[Store]:
             {"connect_args": {"server_settings": {"search_path": f"{schema},public"}}},
             schema,
             ready=reused is not None,
+            pooled=pooled,
         )
     finally:
-        if not (CITUS and await _citus_keep(admin, schema)):
+        if not (pooled and await _keep_schema(admin, schema)):
             await admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         await admin.close()
 
 
-# -- MEMORM_TEST_CITUS=1: each schema is distributed once, then emptied and reused --
-# Distributing a schema's tables costs seconds on the cluster; emptying them
-# (TRUNCATE) a fraction of that.  A schema goes back to the pool only if the
-# test left its shape (tables, columns, indexes, constraints, policies) as the
-# first distributed schema had it; otherwise it is dropped.
+# -- Postgres: each schema is created once, then emptied and reused ---------------
+# Creating memorm's schema costs about a hundred DDL statements (and on Citus
+# distributing it, seconds); emptying its tables (TRUNCATE) a fraction of that.  A
+# schema goes back to the pool only if the test left its shape (tables, columns,
+# indexes, constraints, policies, triggers; on Citus, distribution) as the first
+# freshly made schema had it; otherwise it is dropped.  Emptied, its planner
+# statistics go too, so no test plans with another's data.  Only tests on the `db`
+# fixture take a pooled schema: a test on `store` gets an empty one.
 
-_citus_clean: list[str] = []
-_citus_pristine: list[str] = []
+_schema_pool: list[str] = []
+_pristine_shape: list[str] = []
 
 _SHAPE = """
 SELECT coalesce(string_agg(item, E'\n' ORDER BY item), '') FROM (
@@ -260,14 +267,16 @@ SELECT coalesce(string_agg(item, E'\n' ORDER BY item), '') FROM (
     UNION ALL
     SELECT 'trigger ' || t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
     WHERE c.relnamespace = $1::regnamespace AND NOT t.tgisinternal
-    UNION ALL
-    SELECT 'distributed ' || (logicalrelid::regclass)::text || ' ' || colocationid::text
-    FROM pg_dist_partition WHERE logicalrelid::regclass::text LIKE $1 || '.%'
+    {distributed}
 ) shape
 """
+_DISTRIBUTED_SHAPE = """UNION ALL
+    SELECT 'distributed ' || (logicalrelid::regclass)::text || ' ' || colocationid::text
+    FROM pg_dist_partition WHERE logicalrelid::regclass::text LIKE $1 || '.%'"""
+_SHAPE = _SHAPE.format(distributed=_DISTRIBUTED_SHAPE if CITUS else "")
 
 
-async def _citus_shape(admin: asyncpg.Connection, schema: str) -> str | None:
+async def _schema_shape(admin: asyncpg.Connection, schema: str) -> str | None:
     """The schema's shape with its name taken out (None once it is gone)."""
     if await admin.fetchval("SELECT 1 FROM pg_namespace WHERE nspname = $1", schema) is None:
         return None
@@ -275,18 +284,18 @@ async def _citus_shape(admin: asyncpg.Connection, schema: str) -> str | None:
     return shape.replace(f'"{schema}".', "").replace(f"{schema}.", "")
 
 
-async def _citus_remember(admin: asyncpg.Connection, schema: str) -> None:
-    """Record the shape of the run's first freshly distributed schema."""
-    if not _citus_pristine:
-        shape = await _citus_shape(admin, schema)
+async def _remember_shape(admin: asyncpg.Connection, schema: str) -> None:
+    """Record the shape of the process's first freshly made (on Citus, distributed) schema."""
+    if not _pristine_shape:
+        shape = await _schema_shape(admin, schema)
         assert shape, f"schema {schema} has no shape"
-        _citus_pristine.append(shape)
+        _pristine_shape.append(shape)
 
 
-async def _citus_keep(admin: asyncpg.Connection, schema: str) -> bool:
-    """Empty `schema` and pool it, when the test left its shape as distributed; else False."""
-    shape = await _citus_shape(admin, schema)
-    if shape is None or not _citus_pristine or shape != _citus_pristine[0]:
+async def _keep_schema(admin: asyncpg.Connection, schema: str) -> bool:
+    """Empty `schema` and pool it, when the test left its shape as made; else False."""
+    shape = await _schema_shape(admin, schema)
+    if shape is None or not _pristine_shape or shape != _pristine_shape[0]:
         return False
     tables = await admin.fetch(
         "SELECT tablename FROM pg_tables WHERE schemaname = $1 AND tablename <> 'alembic_version'", schema
@@ -296,20 +305,27 @@ async def _citus_keep(admin: asyncpg.Connection, schema: str) -> bool:
     await admin.execute(
         "TRUNCATE " + ", ".join(f'"{schema}"."{row["tablename"]}"' for row in tables) + " CASCADE"
     )
-    _citus_clean.append(schema)
+    if not CITUS:  # the planner's statistics of the test's rows (Citus keeps them on the workers)
+        await admin.execute(_FORGET_STATISTICS, schema)
+    _schema_pool.append(schema)
     return True
 
 
-def _citus_drop_pool() -> None:
+_FORGET_STATISTICS = """
+DELETE FROM pg_statistic WHERE starelid IN (SELECT oid FROM pg_class WHERE relnamespace = $1::regnamespace)
+"""
+
+
+def _drop_schema_pool() -> None:
     async def drop() -> None:
         admin = await asyncpg.connect(asyncpg_dsn())
         try:
-            while _citus_clean:
-                await admin.execute(f'DROP SCHEMA IF EXISTS "{_citus_clean.pop()}" CASCADE')
+            while _schema_pool:
+                await admin.execute(f'DROP SCHEMA IF EXISTS "{_schema_pool.pop()}" CASCADE')
         finally:
             await admin.close()
 
-    if _citus_clean:
+    if _schema_pool:
         asyncio.run(drop())
 
 
@@ -541,9 +557,10 @@ async def db(store: Store) -> AsyncIterator[Database]:
         await database.create_all()
         if CITUS:
             await database.distribute()
+        if store.pooled:
             admin = await asyncpg.connect(asyncpg_dsn())
             try:
-                await _citus_remember(admin, str(store.schema))
+                await _remember_shape(admin, str(store.schema))
             finally:
                 await admin.close()
     if not (APP_ROLE and store.engine == "postgres"):
@@ -586,7 +603,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    _citus_drop_pool()
+    _drop_schema_pool()
     _pgbouncer_drop_template(session.config)
     if REQUIRE_POSTGRES and _skipped_postgres:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -8,7 +8,7 @@ handlers, so `memorm --help` and `memorm --version` answer in about a
 tenth of a second and each command loads only what it uses
 (tests/test_cli_startup.py keeps it so).  Every command takes `--url`
 (else `MEMORM_DATABASE_URL`, else `sqlite:///memorm.db`) or URLs as
-arguments, and opens them with `memorm.cli.reach.open_database`.
+arguments, and opens them with `memorm.cli.open_database.open_database`.
 Errors print one line and exit non-zero; `--debug` shows the traceback.
 memorm's warnings (a scrub that could not clean every table) print one
 line, `memorm: warning: …`, and leave the exit status alone.

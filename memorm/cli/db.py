@@ -12,7 +12,7 @@ __all__ = ["register"]
 
 
 async def _upgrade(args: argparse.Namespace) -> int:
-    from memorm.cli.reach import open_database
+    from memorm.cli.open_database import open_database
 
     async with open_database(args.url, create=True) as db:
         await db.upgrade(args.revision or "head")
@@ -21,7 +21,7 @@ async def _upgrade(args: argparse.Namespace) -> int:
 
 
 async def _downgrade(args: argparse.Namespace) -> int:
-    from memorm.cli.reach import open_database
+    from memorm.cli.open_database import open_database
 
     async with open_database(args.url) as db:
         await db.downgrade(args.revision)
@@ -30,7 +30,7 @@ async def _downgrade(args: argparse.Namespace) -> int:
 
 
 async def _current(args: argparse.Namespace) -> int:
-    from memorm.cli.reach import open_database
+    from memorm.cli.open_database import open_database
 
     async with open_database(args.url) as db:
         print(await db.current_revision() or "base (no memorm schema)")
@@ -38,7 +38,7 @@ async def _current(args: argparse.Namespace) -> int:
 
 
 async def _create_role(args: argparse.Namespace) -> int:
-    from memorm.cli.reach import open_database
+    from memorm.cli.open_database import open_database
     from memorm.errors import ValidationError
     from memorm.tenants import create_role
 
@@ -55,7 +55,7 @@ async def _create_role(args: argparse.Namespace) -> int:
 
 
 async def _scrub(args: argparse.Namespace) -> int:
-    from memorm.cli.reach import open_database
+    from memorm.cli.open_database import open_database
 
     async with open_database(args.url) as db:
         done = await db.scrub(reindex=args.reindex)  # what it skipped, it warns about (on stderr)
@@ -68,7 +68,7 @@ async def _scrub(args: argparse.Namespace) -> int:
 
 
 async def _distribute(args: argparse.Namespace) -> int:
-    from memorm.cli.reach import open_database
+    from memorm.cli.open_database import open_database
 
     async with open_database(args.url) as db:
         done = await db.distribute()

@@ -9,7 +9,7 @@ __all__ = ["register"]
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    from memorm.cli.reach import open_database
+    from memorm.cli.open_database import open_database
     from memorm.demo import run_demo
 
     async with open_database(args.url, create=True) as db:

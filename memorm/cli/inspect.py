@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from memorm.cli.scope import add_tenant_option
+from memorm.cli.tenant_option import add_tenant_option
 
 if TYPE_CHECKING:
     from memorm.db import Database
@@ -24,7 +24,7 @@ TOP_SESSIONS = 10
 
 async def run_check(args: argparse.Namespace) -> int:
     """`memorm db check` (and its alias `memorm check`): schema at head, and no drift."""
-    from memorm.cli.reach import open_database
+    from memorm.cli.open_database import open_database
     from memorm.migrate import check_drift
 
     async with open_database(args.url) as db:
@@ -143,8 +143,8 @@ async def _stats(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from memorm.cli.reach import open_database
-    from memorm.cli.scope import tenant_flag, tenant_scope
+    from memorm.cli.open_database import open_database
+    from memorm.cli.tenant_option import tenant_flag, tenant_scope
 
     async with open_database(args.url) as db:
         view, every = await tenant_scope(db, args.tenant, "stats")

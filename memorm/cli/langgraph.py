@@ -15,7 +15,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from memorm.cli.graph_types import add_allow_type_option
-from memorm.cli.scope import tenant_name
+from memorm.cli.tenant_option import tenant_name
 
 if TYPE_CHECKING:
     from memorm.db import Database
@@ -56,8 +56,8 @@ async def _agent(db: Database, name_or_id: str, tenant: str, *, create: bool) ->
 
 async def _import_langgraph(args: argparse.Namespace) -> int:
     from memorm.cli.langgraph_source import open_source
+    from memorm.cli.open_database import open_database
     from memorm.cli.progress import Bars, progress_bar
-    from memorm.cli.reach import open_database
     from memorm.compat.langgraph import MemormSaver, copy_checkpoints
 
     tenant = args.tenant or "default"

@@ -155,7 +155,7 @@ async def _check_postgres(dsn: str, shown: str, allowed: Allowed) -> SourceCount
     """The counts of a langgraph-checkpoint-postgres database, after checking it is one and its values."""
     import asyncpg  # memorm's own Postgres driver: the check needs no psycopg
 
-    from memorm.cli.reach import unreachable
+    from memorm.cli.open_database import unreachable
 
     try:
         connection = await asyncpg.connect(dsn, timeout=10)

@@ -10,7 +10,7 @@ __all__ = ["register"]
 
 
 async def _import_memgpt(args: argparse.Namespace) -> int:
-    from memorm.cli.reach import open_database
+    from memorm.cli.open_database import open_database
     from memorm.embeddings import HashingEmbedder
     from memorm.legacy.memgpt import import_agents, read_directory
 

@@ -17,7 +17,7 @@ from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
-from memorm.cli.scope import add_tenant_option
+from memorm.cli.tenant_option import add_tenant_option
 from memorm.errors import ValidationError
 from memorm.progress import Reporter
 
@@ -138,9 +138,9 @@ async def _purge(fail: Callable[[str], NoReturn], args: argparse.Namespace) -> i
         fail("give --expired, --older-than DURATION, or both")
     if args.agent is not None and (args.expired or args.older_than is None):
         fail("--agent scopes --older-than only (--expired purges every agent's expired sessions)")
+    from memorm.cli.open_database import open_database
     from memorm.cli.progress import Bars, progress_bar
-    from memorm.cli.reach import open_database
-    from memorm.cli.scope import tenant_scope
+    from memorm.cli.tenant_option import tenant_scope
     from memorm.retention import Removed, purge_expired, purge_older_than
     from memorm.types import utcnow
 
@@ -181,9 +181,9 @@ async def _purge(fail: Callable[[str], NoReturn], args: argparse.Namespace) -> i
 
 
 async def _forget(args: argparse.Namespace) -> int:
+    from memorm.cli.open_database import open_database
     from memorm.cli.progress import Bars, progress_bar
-    from memorm.cli.reach import open_database
-    from memorm.cli.scope import tenant_scope
+    from memorm.cli.tenant_option import tenant_scope
     from memorm.retention import forget
 
     async with open_database(args.url) as db:

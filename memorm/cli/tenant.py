@@ -11,7 +11,7 @@ import argparse
 import json
 from typing import Any
 
-from memorm.cli.scope import tenant_name
+from memorm.cli.tenant_option import tenant_name
 
 __all__ = ["register"]
 
@@ -42,8 +42,8 @@ def _table(tenants: dict[str, dict[str, int]]) -> list[str]:
 
 
 async def _list(args: argparse.Namespace) -> int:
-    from memorm.cli.reach import open_database
-    from memorm.cli.scope import every_tenant
+    from memorm.cli.open_database import open_database
+    from memorm.cli.tenant_option import every_tenant
     from memorm.tenants import list_tenants
 
     async with open_database(args.url) as db:
@@ -59,8 +59,8 @@ async def _list(args: argparse.Namespace) -> int:
 
 
 async def _delete(args: argparse.Namespace) -> int:
+    from memorm.cli.open_database import open_database
     from memorm.cli.progress import Bars, progress_bar
-    from memorm.cli.reach import open_database
     from memorm.tenants import delete_tenant
 
     async with open_database(args.url) as db:

@@ -57,8 +57,8 @@ def _verdict(report: CopyReport) -> int:
 
 
 async def _copy(args: argparse.Namespace) -> int:
+    from memorm.cli.open_database import open_database
     from memorm.cli.progress import Bars, progress_bar
-    from memorm.cli.reach import open_database
     from memorm.transfer import copy_database
     from memorm.transfer.copy import verify_copy
     from memorm.transfer.scope import check_scope
@@ -91,8 +91,8 @@ async def _copy(args: argparse.Namespace) -> int:
 
 
 async def _export(args: argparse.Namespace) -> int:
+    from memorm.cli.open_database import open_database
     from memorm.cli.progress import Bars, progress_bar
-    from memorm.cli.reach import open_database
     from memorm.transfer import export_jsonl
     from memorm.transfer.scope import check_scope
 
@@ -112,8 +112,8 @@ async def _export(args: argparse.Namespace) -> int:
 
 
 async def _import(args: argparse.Namespace) -> int:
+    from memorm.cli.open_database import open_database
     from memorm.cli.progress import Bars, progress_bar
-    from memorm.cli.reach import open_database
     from memorm.config import resolve_url
     from memorm.transfer import import_jsonl
     from memorm.transfer.jsonl import read_header

@@ -15,6 +15,7 @@ from memorm.page import Page
 from memorm.removal import Removed
 from memorm.repositories.base import Repository
 from memorm.repositories.message_retention import with_answers
+from memorm.repositories.session_locks import lock_sessions
 from memorm.search.filters import Filter, filter_conditions
 from memorm.search.fts_ddl import MESSAGES_FTS, PASSAGES_FTS
 from memorm.search.text import merge_deleted
@@ -300,7 +301,7 @@ class AgentRepository(Repository):
                 .values(archive_version=AGENTS.c.archive_version + 1)
             )
         in_sessions = sa.tuple_(SESSIONS.c.tenant, SESSIONS.c.id, SESSIONS.c.agent_id).in_(sessions)
-        await self._lock_sessions(*scope(SESSIONS), in_sessions)
+        await lock_sessions(self.link, *scope(SESSIONS), in_sessions)
         removed = Removed(
             messages=await self._rowcount(sa.delete(MESSAGES).where(messages)),
             passages=await self._rowcount(sa.delete(PASSAGES).where(passages)),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
-from itertools import groupby
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -129,15 +128,6 @@ class Repository:
             self._session_agents.drop(self.tenant, session_id)
 
     @property
-    def _one_server_postgres(self) -> bool:
-        """Whether a write of data-modifying CTEs runs as one statement here: Postgres on one server.
-
-        SQLite has no data-modifying CTEs; Citus runs an `INSERT … SELECT` from
-        one through the coordinator (4.5x slower than two routed statements).
-        """
-        return not self.link.sqlite and not self._distributed
-
-    @property
     def _distributed(self) -> bool:
         """Whether the tables are sharded by agent (Citus): a few statements must then stay on one shard."""
         return self.link.state.distributed
@@ -196,52 +186,6 @@ class Repository:
     def _archives_changed(self, agents: Iterable[tuple[str, uuid.UUID]]) -> None:
         """`_archive_changed` for `(tenant, agent id)`s, of any tenant."""
         self.link.state.archive_writes.update(agents)
-
-    async def _lock_sessions(self, *where: ColumnElement[bool]) -> None:
-        """Lock the sessions matching `where`, in id order, before deleting their rows.
-
-        Writers (appends, trims) lock a session before its messages; deleting
-        in the same order makes a concurrent writer queue instead of deadlock.
-        SQLite ignores it: its writers queue for the one write lock anyway.
-        """
-        if not self._distributed:
-            await self._execute(
-                sa.select(SESSIONS.c.id).where(*where).order_by(SESSIONS.c.id).with_for_update()
-            )
-            return
-        found = sa.select(SESSIONS.c.tenant, SESSIONS.c.agent_id, SESSIONS.c.id).where(*where)
-        await self._lock_by_agent(
-            [(tenant, agent, key) for tenant, agent, key in map(tuple, await self._execute(found))]
-        )
-
-    async def _lock_by_agent(
-        self,
-        sessions: Iterable[tuple[str, uuid.UUID, uuid.UUID]],
-        *still: ColumnElement[bool],
-        skip_locked: bool = False,
-    ) -> list[tuple[str, uuid.UUID]]:
-        """Lock `sessions` (`(tenant, agent_id, id)`s, read beforehand), one agent at a time.
-
-        On a distributed database, where Citus takes row locks (`FOR UPDATE`)
-        only in a statement that stays on one shard.  Returns the `(tenant,
-        id)` of the sessions locked (with `skip_locked`, those no other
-        transaction held; without, it waits for them), of those that `still`
-        match once locked (a row lock rereads a row a writer changed meanwhile).
-        """
-        locked: list[tuple[str, uuid.UUID]] = []
-        for (tenant, agent), group in groupby(sorted(sessions), key=lambda row: (row[0], row[1])):
-            locked += await self._two_column_rows(
-                sa.select(SESSIONS.c.tenant, SESSIONS.c.id)
-                .where(
-                    SESSIONS.c.tenant == tenant,
-                    SESSIONS.c.agent_id == agent,
-                    SESSIONS.c.id.in_([row[2] for row in group]),
-                    *still,
-                )
-                .order_by(SESSIONS.c.id)
-                .with_for_update(skip_locked=skip_locked)
-            )
-        return locked
 
     @asynccontextmanager
     async def _savepoint(self, written: Mapping[str, Any] | None = None) -> AsyncIterator[None]:

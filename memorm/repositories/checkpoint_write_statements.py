@@ -18,6 +18,7 @@ from memorm.link import Link
 from memorm.models import CHECKPOINT_BLOBS, CHECKPOINTS
 from memorm.repositories.checkpoint_read_statements import SCOPE
 from memorm.repositories.checkpoint_records import Value
+from memorm.repositories.session_locks import writes_in_one_statement
 from memorm.translate import check_writable, guarded
 
 __all__ = ["CHECKPOINT_COLUMNS", "WRITE_COLUMNS", "write_checkpoint"]
@@ -99,16 +100,14 @@ async def write_checkpoint(
     link: Link,
     checkpoint: tuple[Any, ...],
     blobs: Mapping[tuple[str, str], Value],
-    *,
-    distributed: bool,
 ) -> None:
     """Store a checkpoint row (values in `CHECKPOINT_COLUMNS` order) and its new channel values.
 
     The row replaces one stored under its key; `blobs` maps `(channel,
     version)` to its value, and a value already stored for that version of
-    the channel is kept.  `distributed`: the tables are sharded by agent (Citus).
+    the channel is kept.
     """
-    if not link.sqlite and not distributed:
+    if writes_in_one_statement(link):
         # One statement, one round trip (a graph step's; alone, it needs no BEGIN/COMMIT).
         # On Citus the two inserts stay apart: each routes to the session's shard.
         params: dict[str, Any] = dict(zip(CHECKPOINT_COLUMNS, checkpoint, strict=True))

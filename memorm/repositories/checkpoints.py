@@ -86,7 +86,7 @@ class CheckpointRepository(CheckpointQueries):
             utcnow(),
             checkpoint.versions,
         )
-        await write_checkpoint(self.link, row, blobs, distributed=self._distributed)
+        await write_checkpoint(self.link, row, blobs)
 
     async def put_writes(
         self,

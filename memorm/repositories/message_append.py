@@ -28,11 +28,11 @@ from memorm.repositories.message_append_sql import (
     STORED_WITH,
     allocate_checking,
     append_one,
-    appends_in_one_statement,
 )
 from memorm.repositories.message_input import MessageInput
 from memorm.repositories.message_queries import _COLUMNS, MessageQueries
 from memorm.repositories.message_replay import replay
+from memorm.repositories.session_locks import writes_in_one_statement
 from memorm.translate import check_writable, guarded
 from memorm.types import utcnow
 
@@ -75,7 +75,7 @@ class MessageAppends(MessageQueries):
         `NotFoundError` when there is no session, unless ids are `checked`
         (None then too).  `claimed`: some ids are the caller's (see `_raced`).
         """
-        if len(rows) == 1 and appends_in_one_statement(self.link):
+        if len(rows) == 1 and writes_in_one_statement(self.link):
             appended = await self._append_one(key, batch[0], rows[0], checked=bool(checked), claimed=claimed)
             return None if appended is None else [appended]
         taken = await self._take(key, len(rows), checked)

@@ -3,7 +3,7 @@
 An append takes numbers from the session's `next_seq` counter (one `UPDATE …
 RETURNING`, `ALLOCATE`) and inserts the numbered rows.  On Postgres on one
 server a single message goes in one statement instead (`append_one`), the
-counter's UPDATE feeding the INSERT (`appends_in_one_statement`).  Ids the
+counter's UPDATE feeding the INSERT (`memorm.repositories.session_locks.writes_in_one_statement`).  Ids the
 caller chose are checked by the counter's UPDATE itself (`allocate_checking`),
 through the unique index on `(tenant, id)`, except on a distributed database,
 which has no such index (`claims_ids_first`).
@@ -32,7 +32,6 @@ __all__ = [
     "STORED_WITH",
     "allocate_checking",
     "append_one",
-    "appends_in_one_statement",
     "claims_ids_first",
 ]
 
@@ -46,15 +45,6 @@ ALLOCATE_ROUTED = ALLOCATE.where(SESSIONS.c.agent_id == sa.bindparam("of_agent")
 FROM_COUNTER = ("agent_id", "seq")  # a folded append's columns that come from the session's counter
 _ONE_ID = MESSAGES.c.id == sa.bindparam("id", type_=MESSAGES.c.id.type)
 _IDS = in_uuids(MESSAGES.c.id, sa.bindparam("ids", type_=UUIDList()))  # any number, one parameter
-
-
-def appends_in_one_statement(link: Link) -> bool:
-    """Whether one message is appended in one statement here (`append_one`): Postgres on one server.
-
-    SQLite has no data-modifying CTEs; Citus runs an `INSERT … SELECT` from
-    one through the coordinator (4.5x slower than two routed statements).
-    """
-    return not link.sqlite and not link.state.distributed
 
 
 def claims_ids_first(link: Link) -> bool:
@@ -99,7 +89,7 @@ STORED_WITH = sa.select(*_FIELDS).where(MESSAGES.c.tenant == sa.bindparam("of_te
 
 
 def append_one(*, checked: bool, routed: bool) -> sa.Executable:
-    """The one-statement append of one message (Postgres on one server, `appends_in_one_statement`).
+    """The one-statement append of one message (Postgres on one server: `writes_in_one_statement`).
 
     `checked`: the caller chose the message's id, and a stored one (a retry)
     is left alone (`_append_one_claimed`); else `_append_one`.  `routed`: the

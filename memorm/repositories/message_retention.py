@@ -17,6 +17,7 @@ from sqlalchemy.sql import ColumnElement
 
 from memorm.models import MESSAGES, SESSIONS
 from memorm.repositories.message_queries import MessageQueries
+from memorm.repositories.session_locks import lock_sessions
 from memorm.validation import as_uuid, check_aware, check_flag
 
 __all__ = ["MessageRetention", "with_answers"]
@@ -163,7 +164,8 @@ class MessageRetention(MessageQueries):
         tenant = self._required_tenant
         found = sa.select(answer.c.id).where(_newer_answers(answer, tenant, owner, instant, chat))
         sessions = sa.select(answer.c.session_id).where(_newer_answers(answer, tenant, owner, instant, chat))
-        await self._lock_sessions(
+        await lock_sessions(
+            self.link,
             SESSIONS.c.tenant == tenant,
             SESSIONS.c.agent_id == owner,
             SESSIONS.c.id.in_(sessions.scalar_subquery()),
@@ -188,7 +190,8 @@ class MessageRetention(MessageQueries):
             .limit(size)
             .subquery()
         )
-        await self._lock_sessions(
+        await lock_sessions(
+            self.link,
             SESSIONS.c.tenant == tenant,
             SESSIONS.c.agent_id == owner,
             SESSIONS.c.id.in_(sa.select(doomed.c.session_id).scalar_subquery()),

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.sql import ColumnElement
 
 from memorm.errors import ConflictError, NotFoundError
 from memorm.models import AGENTS, MESSAGES, SESSIONS, Session
 from memorm.page import Page
 from memorm.removal import DEFAULT_BATCH, Removed, check_batch
 from memorm.repositories.base import Repository
+from memorm.repositories.session_locks import lock_expired_sessions
 from memorm.types import utcnow
 from memorm.validation import (
     as_uuid,
@@ -241,10 +241,7 @@ class SessionRepository(Repository):
             .order_by(SESSIONS.c.expires_at)
             .limit(size)
         )
-        if self._distributed:
-            ids = await self._lock_expired(expired, SESSIONS.c.expires_at <= instant)
-        else:
-            ids = await self._two_column_rows(expired.with_for_update(skip_locked=True))
+        ids = await lock_expired_sessions(self.link, expired, SESSIONS.c.expires_at <= instant)
         if not ids:
             return Removed()
         # Messages first (the cascade would delete them too, but not count them).
@@ -260,25 +257,3 @@ class SessionRepository(Repository):
             )
         )
         return Removed(sessions=sessions, messages=messages)
-
-    async def _lock_expired(
-        self, expired: sa.Select[Any], still: ColumnElement[bool]
-    ) -> Sequence[tuple[str, uuid.UUID]]:
-        """`expired … FOR UPDATE SKIP LOCKED` on a distributed database: the first sessions no one holds.
-
-        Citus locks rows only one shard at a time, so the candidates are read
-        first and locked agent by agent; when every candidate is held, the
-        next ones are tried, as `SKIP LOCKED` with a `LIMIT` would.
-        """
-        passed: set[tuple[str, uuid.UUID]] = set()
-        while True:
-            query = expired.add_columns(SESSIONS.c.agent_id)
-            if passed:
-                query = query.where(sa.tuple_(SESSIONS.c.tenant, SESSIONS.c.id).not_in(sorted(passed)))
-            found = [(tenant, agent, key) for tenant, key, agent in map(tuple, await self._execute(query))]
-            if not found:
-                return []
-            locked = await self._lock_by_agent(found, still, skip_locked=True)
-            if locked:
-                return locked
-            passed.update((tenant, key) for tenant, _, key in found)

@@ -23,6 +23,7 @@ from memorm.driver import Insert, fetch, insert_many
 from memorm.errors import NotFoundError
 from memorm.models import STORE_ITEMS, STORE_VECTORS
 from memorm.repositories.base import Repository
+from memorm.repositories.session_locks import writes_in_one_statement
 from memorm.repositories.store_items import NewItem, StoredItem, expiry_at, read_cutoff
 from memorm.repositories.store_statements import (
     DELETE_VECTORS_OF,
@@ -108,7 +109,7 @@ class StoreRepository(Repository):
             return
         owner, agent = self._required_tenant, as_uuid(agent_id, "agent_id")
         first = items[0]
-        if len(items) == 1 and self._one_server_postgres:
+        if len(items) == 1 and writes_in_one_statement(self.link):
             # One statement, one round trip (alone in its unit of work: no BEGIN/COMMIT either).
             params = {
                 "tenant": owner,

@@ -22,7 +22,6 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from memorm import Database
 from memorm.errors import MemormError
-from memorm.translate import failure
 from memorm.uow import UnitOfWork
 
 __all__ = [
@@ -137,7 +136,7 @@ async def try_in_open_unit(uow: UnitOfWork, call: Call) -> Outcome:
     try:
         return Outcome(result=await call(uow))
     except MemormError as error:
-        late = failure(uow.session)
+        late = uow.link.state.failed
         assert late is None, f"rejected by the database, not by memorm's checks: {late!r}"
         return Outcome(error=error)
 

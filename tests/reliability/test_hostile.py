@@ -26,7 +26,6 @@ from hypothesis import strategies as st
 from memorm import Database
 from memorm.errors import ValidationError
 from memorm.page import Page
-from memorm.translate import failure
 from memorm.uow import UnitOfWork
 from reliability.hostile_kit import (
     MAX_TIME,
@@ -584,7 +583,7 @@ async def test_integers_past_the_columns_are_validation_errors_on_both_engines(d
         for name, call in _past_the_columns(base).items():
             with pytest.raises(ValidationError, match="expected an integer"):
                 await call(uow)
-            assert failure(uow.session) is None, f"{name}: the database, not memorm, refused it"
+            assert uow.link.state.failed is None, f"{name}: the database, not memorm, refused it"
     assert await snapshot(db) == before
 
 

@@ -44,7 +44,6 @@ from memorm.page import Page
 from memorm.repositories import AgentRepository, MessageRepository, PassageRepository, SessionRepository
 from memorm.retention import Removed
 from memorm.search.vector import ScoredPassage, index_name
-from memorm.translate import failure
 from memorm.types import utcnow
 from memorm.uow import UnitOfWork
 from reliability.hostile_kit import BENCH
@@ -507,7 +506,7 @@ async def outcome(db: Database, probe: Probe, ids: Ids, own: Own, *, via_view: b
         try:
             result = await probe.call(uow, ids, own)
         except MemormError as error:
-            if failure(uow.session) is not None:
+            if uow.link.state.failed is not None:
                 await uow.rollback()
             return normalised((type(error).__name__, str(error)), ids)
     assert set(tenants_in(result)) <= {"b"}, f"{probe.method}: rows of another tenant in {result!r}"
