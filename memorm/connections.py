@@ -8,7 +8,7 @@ Per-dialect connection setup lives here and nowhere else:
   "database is locked" when a read lock cannot be upgraded.
 * Postgres: asyncpg, pgvector's binary codec registered on each new
   connection, and the HNSW search settings set on it once
-  (`memorm.search.vector.CONNECTION_SETTINGS`), so a search sends none of
+  (`memorm.search.vector_index.CONNECTION_SETTINGS`), so a search sends none of
   its own.
 
 Every connection is opened and closed whole, whatever cancellation arrives

@@ -32,10 +32,10 @@ from memorm.errors import ValidationError
 from memorm.models import metadata
 from memorm.translate import translating
 
-__all__ = ["SCRAM_ITERATIONS", "create_role", "scram_sha_256"]
+__all__ = ["ROLE_LOCK", "SCRAM_ITERATIONS", "create_role", "scram_sha_256"]
 
 SCRAM_ITERATIONS = 4096  # Postgres' own default (scram_iterations)
-_ROLE_LOCK = 0x6D656D6F726D_01  # "memorm", 1: the advisory lock create_role holds
+ROLE_LOCK = 0x6D656D6F726D_01  # "memorm", 1: the advisory lock create_role holds (for its grants)
 _GRANTED = "SELECT, INSERT, UPDATE, DELETE"  # on each of memorm's tables; SELECT on alembic_version
 # The role attributes an application role never has (as pg_roles' rolbypassrls, rolreplication,
 # rolcreaterole, rolcreatedb), and those only a superuser may take away.
@@ -197,7 +197,7 @@ async def _create_role(sql: _Session, name: str, password: str | None) -> list[s
     # One at a time per database: each GRANT rewrites a catalog row (the database's,
     # a table's), and two transactions doing so at once fail ("tuple concurrently
     # updated") instead of waiting for each other.
-    await sql.value("SELECT pg_advisory_xact_lock(:key)", key=_ROLE_LOCK)
+    await sql.value("SELECT pg_advisory_xact_lock(:key)", key=ROLE_LOCK)
     (schema, owner), *_ = await sql.rows(
         "SELECT schemaname::text, tableowner::text FROM pg_tables "
         "WHERE tablename = 'agents' AND schemaname = ANY (current_schemas(false)) "

@@ -56,6 +56,7 @@ from hypothesis import HealthCheck, settings
 from sqlalchemy.engine import make_url
 
 from memorm import Database
+from memorm.roles import ROLE_LOCK
 
 REQUIRE_POSTGRES = os.environ.get("MEMORM_REQUIRE_POSTGRES") == "1"
 CITUS = os.environ.get("MEMORM_TEST_CITUS") == "1"
@@ -531,9 +532,14 @@ def _vacuum_catalogs() -> None:
     async def vacuum() -> None:
         connection = await asyncpg.connect(asyncpg_dsn(), timeout=5)
         try:
+            # A VACUUM ends by updating the database's own pg_database row in place (its
+            # frozen xid), and a `GRANT CONNECT ON DATABASE` at that moment (`create_role`,
+            # in another run on this server) fails with "tuple concurrently updated": hold
+            # the lock `create_role` takes for its grants.
+            await connection.execute("SELECT pg_advisory_lock($1)", ROLE_LOCK)
             await connection.execute("VACUUM " + ", ".join(f"pg_catalog.{name}" for name in _CATALOGS))
         finally:
-            await connection.close()
+            await connection.close()  # and with it the advisory lock
 
     with contextlib.suppress(Exception):  # no server (the Postgres tests then say so) or no right
         asyncio.run(vacuum())

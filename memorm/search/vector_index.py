@@ -5,7 +5,7 @@
   (`indexed_column`, which the search statements repeat so the planner
   matches the index).
 * `hnsw.ef_search` and `hnsw.iterative_scan` are set once per connection
-  (`CONNECTION_SETTINGS`, sent by `memorm.db` through `connection_setup`);
+  (`CONNECTION_SETTINGS`, sent by `memorm.connections` through `connection_setup`);
   `search_settings` sends what a search needs beyond them.
 
 Build options and metrics are checked on both engines, so code that
@@ -143,7 +143,7 @@ async def ensure_index(
 def connection_setup(server_settings: Mapping[str, Any]) -> str | None:
     """The `SET`s a new Postgres connection runs: `CONNECTION_SETTINGS` that `server_settings` leaves out.
 
-    Sent once per connection, as one simple-protocol message (`memorm.db`).
+    Sent once per connection, as one simple-protocol message (`memorm.connections`).
     Placeholders until pgvector's library loads in that session, which then
     adopts the values.
     """
