@@ -42,10 +42,12 @@ import anyio
 import numpy as np
 from sqlalchemy import text
 
-from benchmarks.archival import make_corpus, recall
+from benchmarks.archival_data import make_corpus, recall
 from benchmarks.chat_data import make_messages
-from benchmarks.common import Row, Samples, Store, statements_sent, store, timed
-from benchmarks.core import chat_operations, reading
+from benchmarks.chat_memorm import chat_operations, reading
+from benchmarks.report import Row
+from benchmarks.stores import Store, statements_sent, store
+from benchmarks.timing import Samples, timed
 from memorm import Database
 
 NAME = "citus"

@@ -7,7 +7,7 @@ in a read-only one.  Every session starts with 20 messages, so every window
 reads 20.
 
 The baseline does the same statements on memorm's schema with the raw
-driver (:mod:`benchmarks.raw_chat`) over a pool of the same size, each turn
+driver (:mod:`benchmarks.raw.chat`) over a pool of the same size, each turn
 taking a connection for the append and another for the window:
 
 * Postgres: an asyncpg pool of 16 (waiters served first come, first served;
@@ -51,9 +51,11 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from benchmarks.chat_data import make_messages
-from benchmarks.common import Row, Samples, Store, store
-from benchmarks.core import memorm_append, memorm_window
-from benchmarks.raw_chat import RawPostgres, RawSQLite
+from benchmarks.chat_memorm import memorm_append, memorm_window
+from benchmarks.raw.chat import RawPostgres, RawSQLite
+from benchmarks.report import Row
+from benchmarks.stores import Store, store
+from benchmarks.timing import Samples
 from memorm import Database
 
 NAME = "concurrency"

@@ -1,6 +1,6 @@
 """Core: the chat path, memorm against the raw driver doing the same work (the issue's goals).
 
-For each engine, memorm and the raw baseline of :mod:`benchmarks.raw_chat`
+For each engine, memorm and the raw baseline of :mod:`benchmarks.raw.chat`
 do the same essential writes and reads, interleaved, and each row compares
 their medians:
 
@@ -24,13 +24,16 @@ and read the same rows.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, NamedTuple
 
 from benchmarks.chat_data import SYSTEM, as_models, make_messages
-from benchmarks.common import Row, Samples, Store, store, timed
-from benchmarks.raw_chat import COLUMNS, WRITTEN, RawPostgres, RawSQLite, open_raw
+from benchmarks.chat_memorm import fill_session, memorm_append, memorm_context, memorm_window, new_session
+from benchmarks.raw.chat import COLUMNS, WRITTEN, RawPostgres, RawSQLite, open_raw
+from benchmarks.report import Row
+from benchmarks.stores import Store, store
+from benchmarks.timing import Job, Samples, interleaved
 from memorm import Database, Message
 from memorm.models import MESSAGES
 
@@ -56,61 +59,6 @@ class Sides(NamedTuple):
     db: Database
     raw: RawSQLite | RawPostgres
     agent_id: uuid.UUID
-
-
-# -- memorm ---------------------------------------------------------------------------------------
-
-
-async def memorm_append(db: Database, session_id: uuid.UUID, messages: Any) -> None:
-    async with db.unit_of_work() as uow:
-        await uow.messages.append(session_id, messages)
-
-
-Operation = Callable[[Database], Awaitable[Any]]
-
-
-async def reading(db: Database, work: Callable[[Any], Awaitable[Any]]) -> Any:
-    """`work(uow)` in a read-only unit of work of `db`."""
-    async with db.unit_of_work(read_only=True) as uow:
-        return await work(uow)
-
-
-def chat_operations(agent: uuid.UUID, chat: uuid.UUID, query: list[float]) -> dict[str, Operation]:
-    """The chat path and searches of one agent, by name: what comparisons of two databases time."""
-
-    async def append(db: Database) -> None:
-        async with db.unit_of_work() as uow:
-            await uow.messages.append(chat, {"role": "user", "content": "one more common message"})
-
-    return {
-        "append one message (uow)": append,
-        "window 50 (read-only uow)": lambda db: reading(db, lambda u: u.messages.window(chat, limit=50)),
-        "context 2,000 tokens": lambda db: reading(db, lambda u: u.messages.context(chat, max_tokens=2_000)),
-        "text search, common word": lambda db: reading(db, lambda u: u.messages.search(agent, "common")),
-        "vector search k=10 (exact)": lambda db: reading(db, lambda u: u.passages.search(agent, query, k=10)),
-    }
-
-
-async def memorm_window(db: Database, session_id: uuid.UUID, limit: int) -> list[Message]:
-    async with db.unit_of_work(read_only=True) as uow:
-        return await uow.messages.window(session_id, limit=limit)
-
-
-async def memorm_context(db: Database, session_id: uuid.UUID, max_tokens: int) -> list[Message]:
-    async with db.unit_of_work(read_only=True) as uow:
-        return await uow.messages.context(session_id, max_tokens=max_tokens)
-
-
-async def new_session(db: Database, agent_id: uuid.UUID) -> uuid.UUID:
-    async with db.unit_of_work() as uow:
-        return (await uow.sessions.create(agent_id)).id
-
-
-async def fill_session(db: Database, session_id: uuid.UUID, count: int, batch: int = 10_000) -> None:
-    """``count`` messages: the system message, then the benchmark chat."""
-    await memorm_append(db, session_id, SYSTEM)
-    for start in range(0, count - 1, batch):
-        await memorm_append(db, session_id, make_messages(min(batch, count - 1 - start), start))
 
 
 # -- checks ---------------------------------------------------------------------------------------
@@ -142,7 +90,7 @@ async def check_equivalence(db: Database, raw: RawSQLite | RawPostgres, agent_id
     """
     columns = tuple(column.name for column in MESSAGES.columns)
     if columns != WRITTEN:
-        raise AssertionError(f"messages now has columns {columns}: update the raw baseline in {__name__}")
+        raise AssertionError(f"messages now has columns {columns}: update benchmarks.raw.chat")
     batch = [
         SYSTEM,
         {"role": "user", "content": "ü hi", "name": "ana", "token_count": 3, "meta": {"n": 1, "t": 0.5}},
@@ -179,20 +127,6 @@ async def check_equivalence(db: Database, raw: RawSQLite | RawPostgres, agent_id
 
 
 # -- the benchmark --------------------------------------------------------------------------------
-
-
-Job = tuple[Samples, Callable[[], Awaitable[Any]]]
-
-
-async def interleaved(jobs: Sequence[Job], rounds: int, *, offset: int = 0, collect: bool = False) -> None:
-    """Run every job once per round, rotating who goes first, each adding its time to its samples.
-
-    Load that drifts meanwhile (other processes on the machine) then hits every series alike.
-    """
-    for round_ in range(offset, offset + rounds):
-        shift = round_ % len(jobs)
-        for samples, job in [*jobs[shift:], *jobs[:shift]]:
-            await timed(job, samples, collect=collect)
 
 
 async def bench_bulk(

@@ -33,7 +33,9 @@ from langgraph.checkpoint.base import BaseCheckpointSaver, Checkpoint, empty_che
 from langgraph.checkpoint.base.id import uuid6
 
 from benchmarks.chat_data import make_messages
-from benchmarks.common import Row, Store, alternate, asyncpg_dsn, like_memorm, store
+from benchmarks.report import Row
+from benchmarks.stores import Store, asyncpg_dsn, like_memorm, store
+from benchmarks.timing import alternate
 from memorm import Database
 from memorm.compat.langgraph import MemormSaver
 

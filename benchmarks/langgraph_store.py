@@ -38,7 +38,9 @@ from typing import Any
 
 from langgraph.store.base import BaseStore, PutOp
 
-from benchmarks.common import Row, Store, alternate, asyncpg_dsn, like_memorm, store
+from benchmarks.report import Row
+from benchmarks.stores import Store, asyncpg_dsn, like_memorm, store
+from benchmarks.timing import alternate
 from memorm.compat.langgraph import MemormStore
 
 NAME = "langgraph_store"

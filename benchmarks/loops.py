@@ -24,9 +24,12 @@ from typing import Any
 import anyio
 
 from benchmarks.chat_data import make_messages
-from benchmarks.common import Row, Samples, Store, timed
-from benchmarks.core import both_sides, memorm_append, new_session
-from benchmarks.raw_chat import RawPostgres, RawSQLite, open_raw
+from benchmarks.chat_memorm import memorm_append, new_session
+from benchmarks.core import both_sides
+from benchmarks.raw.chat import RawPostgres, RawSQLite, open_raw
+from benchmarks.report import Row
+from benchmarks.stores import Store
+from benchmarks.timing import Samples, timed
 
 NAME = "loops"
 

@@ -3,7 +3,7 @@
 One database of its own per run (PgBouncer refuses a ``search_path`` at
 startup, so not a schema): one agent, a session of 2,000 messages and 3,000
 passages of 128 dimensions with no index (exact search).  The chat path's
-cases of :func:`benchmarks.core.chat_operations` (append one message in a
+cases of :func:`benchmarks.chat_memorm.chat_operations` (append one message in a
 unit of work, ``window(limit=50)`` and ``context(max_tokens=2000)``
 read-only, vector search k=10) each run on four sides, one call at a time,
 the sides taking turns in a rotating order, all on the same rows:
@@ -11,12 +11,12 @@ the sides taking turns in a rotating order, all on the same rows:
 a. memorm direct to Postgres, default options;
 b. memorm direct with ``transaction_pooling=True``;
 c. memorm through PgBouncer (transaction mode) with ``transaction_pooling=True``;
-d. raw asyncpg through PgBouncer with ``statement_cache_size=0``, the
-   statements of :mod:`benchmarks.raw_chat` (and a hand-written nearest-
-   neighbour ``SELECT``) sent as memorm sends them there: an append in a
-   transaction, a window or context alone, a vector search in a read-only
-   transaction whose ``BEGIN`` carries the ``SET LOCAL``s memorm sends, in
-   one message.
+d. raw asyncpg through PgBouncer with ``statement_cache_size=0``
+   (:mod:`benchmarks.raw.pooled`), the statements of :mod:`benchmarks.raw.chat`
+   (and a hand-written nearest-neighbour ``SELECT``) sent as memorm sends them
+   there: an append in a transaction, a window or context alone, a vector
+   search in a read-only transaction whose ``BEGIN`` carries the ``SET LOCAL``s
+   memorm sends, in one message.
 
 Rows per case: c against d (what memorm adds behind the pooler) and b
 against a (what the option itself costs: unnamed statements parsed on
@@ -33,21 +33,19 @@ import os
 import random
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from datetime import datetime, timezone
 from functools import partial
-from typing import Any
 
 import asyncpg
 from sqlalchemy.engine import make_url
 
-from benchmarks import archival
-from benchmarks.common import POSTGRES_URL, Row, Samples, asyncpg_dsn, timed
-from benchmarks.core import chat_operations, fill_session
-from benchmarks.raw_chat import TENANT, RawPostgres
+from benchmarks.chat_memorm import chat_operations, fill_session
+from benchmarks.raw.pooled import Call, RawPooled
+from benchmarks.report import Row
+from benchmarks.stores import POSTGRES_URL, asyncpg_dsn
+from benchmarks.timing import Samples, timed
 from memorm import Database
-from memorm.types.search_words import register_tsvector
 
 NAME = "pooler"
 POOLER_URL = os.environ.get("MEMORM_BENCH_PGBOUNCER_URL", "postgresql+asyncpg://root@127.0.0.1:6432/test")
@@ -56,80 +54,6 @@ PASSAGES = 3_000
 DIM = 128
 K = 10
 SIDES = ("direct", "direct, option", "pooler", "raw pooler")  # a, b, c, d
-MESSAGE = {"role": "user", "content": "one more common message"}  # what chat_operations appends
-# What memorm sends with transaction_pooling=True: a writer's BEGIN, and a vector search's (with
-# its settings, in one message, in a read-only unit of work).  The raw side sends the same.
-BEGIN_WRITE = "BEGIN ISOLATION LEVEL READ COMMITTED"
-BEGIN_SEARCH = (
-    "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY; "
-    "SET LOCAL hnsw.ef_search = 40; SET LOCAL hnsw.iterative_scan = strict_order"
-)
-
-Call = Callable[[], Awaitable[Any]]
-
-
-class _RawPassages(archival.RawPostgres):
-    """archival's raw nearest-neighbour search, at this module's dimension and filtered by tenant."""
-
-    SEARCH = (
-        f"SELECT {archival.COLUMN_LIST}, embedding::vector({DIM}) <=> $1 AS distance FROM archival_passages "
-        f"WHERE tenant = '{TENANT}' AND agent_id = $2 AND embedding_model = 'default' "
-        f"AND embedding_dim = {DIM} ORDER BY distance LIMIT $3"
-    )
-
-
-class RawPooled:
-    """Raw asyncpg behind a transaction pooler, sending what memorm sends there."""
-
-    def __init__(self, connection: asyncpg.Connection) -> None:
-        self.connection = connection
-        self.chat = RawPostgres(connection)
-        self.passages = _RawPassages(connection)
-
-    @classmethod
-    async def open(cls, dsn: str) -> RawPooled:
-        from pgvector.asyncpg import register_vector
-
-        # Unnamed statements only: a named one stays on a server connection the next
-        # transaction may not get.
-        connection = await asyncpg.connect(dsn, statement_cache_size=0)
-        await register_tsvector(connection)
-        await register_vector(connection)
-        return cls(connection)
-
-    @asynccontextmanager
-    async def transaction(self, begin: str) -> AsyncIterator[None]:
-        await self.connection.execute(begin)
-        try:
-            yield
-        except BaseException:
-            await self.connection.execute("ROLLBACK")
-            raise
-        await self.connection.execute("COMMIT")
-
-    async def append(self, session_id: uuid.UUID, message: dict[str, Any]) -> None:
-        """`RawPostgres.append_one` in this transaction (its own would send a BEGIN of its own)."""
-        connection, now = self.connection, datetime.now(timezone.utc)
-        async with self.transaction(BEGIN_WRITE):
-            agent_id, end = await connection.fetchrow(RawPostgres.ALLOCATE, 1, now, TENANT, session_id)
-            (record,) = RawPostgres._records((message,), session_id, agent_id, end - 1, now)
-            await connection.execute(RawPostgres.INSERT, *record)
-
-    async def search(self, agent: uuid.UUID, query: list[float]) -> Any:
-        async with self.transaction(BEGIN_SEARCH):
-            return await self.passages.search(agent, query, K)
-
-    def operations(self, agent: uuid.UUID, chat: uuid.UUID, query: list[float]) -> dict[str, Call]:
-        """The raw side of each case, by `chat_operations`' names."""
-        return {
-            "append one message (uow)": lambda: self.append(chat, MESSAGE),
-            "window 50 (read-only uow)": lambda: self.chat.window(chat, 50),
-            "context 2,000 tokens": lambda: self.chat.context(chat, 2_000),
-            "vector search k=10 (exact)": lambda: self.search(agent, query),
-        }
-
-    async def close(self) -> None:
-        await self.connection.close()
 
 
 def _url(url: str, database: str) -> str:
@@ -269,7 +193,7 @@ async def run(engines: Sequence[str], *, quick: bool = False) -> list[Row]:
                 await analyze.execute("VACUUM ANALYZE")
             finally:
                 await analyze.close()
-            raw = await RawPooled.open(asyncpg_dsn(pooler_url))
+            raw = await RawPooled.open(asyncpg_dsn(pooler_url), DIM)
             await check_equivalence(dbs["pooler"], raw, agent, chat, query)
             ours = chat_operations(agent, chat, query)
             theirs = raw.operations(agent, chat, query)

@@ -26,7 +26,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.common import Row, Samples, Store, store, timed
+from benchmarks.report import Row
+from benchmarks.stores import Store, store
+from benchmarks.timing import Samples, timed
 from memorm import Database
 
 # word, planted in one message of every `every` (and in each agent's first message)

@@ -8,7 +8,7 @@
     python -m benchmarks.run --quick              # fewer repetitions: a smoke test
 
 Every ``benchmarks/<name>.py`` that defines ``async def run(engines, *, quick=False)``
-returning :class:`benchmarks.common.Row` objects is a benchmark module; ``core``
+returning :class:`benchmarks.report.Row` objects is a benchmark module; ``core``
 runs first, the rest in name order.  Results are also written as JSON to
 ``.bench/latest.json`` at the repository root (``--json`` to change it).
 
@@ -38,11 +38,12 @@ from types import ModuleType
 from typing import Any
 
 import benchmarks
-from benchmarks.common import ENGINES, Row, postgres_unavailable, print_goals, print_table
+from benchmarks.report import Row, print_goals, print_table
+from benchmarks.stores import ENGINES, postgres_unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = ROOT / ".bench" / "latest.json"
-NOT_MODULES = {"common", "run"}
+NOT_MODULES = {"report", "run", "stores", "timing"}
 FIRST = ("core",)
 
 

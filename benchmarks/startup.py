@@ -19,7 +19,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.common import Row, Samples
+from benchmarks.report import Row
+from benchmarks.timing import Samples
 
 REPEATS = 20
 QUICK_REPEATS = 5

@@ -25,9 +25,11 @@ import asyncpg
 from sqlalchemy.engine import make_url
 
 from benchmarks.chat_data import make_messages
-from benchmarks.common import POSTGRES_URL, Row, Samples, asyncpg_dsn, store, timed
-from benchmarks.core import Operation, chat_operations, reading
-from benchmarks.raw_chat import RawPostgres
+from benchmarks.chat_memorm import Operation, chat_operations, reading
+from benchmarks.raw.chat import RawPostgres
+from benchmarks.report import Row
+from benchmarks.stores import POSTGRES_URL, asyncpg_dsn, store
+from benchmarks.timing import Samples, timed
 from memorm import Database
 from memorm.tenants import create_role
 

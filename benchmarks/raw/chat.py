@@ -27,15 +27,15 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
-from benchmarks.common import Store, postgres_words, sqlite_words
+from benchmarks.raw.encoding import TENANT, UTC, postgres_words, sqlite_time, sqlite_words
+from benchmarks.stores import Store
 from memorm.ids import uuid7
 
-__all__ = ["COLUMNS", "TENANT", "WRITTEN", "RawPostgres", "RawSQLite", "open_raw"]
+__all__ = ["COLUMNS", "WRITTEN", "RawPostgres", "RawSQLite", "open_raw"]
 
-TENANT = "default"  # memorm writes and filters the unit of work's tenant; so does raw
 COLUMNS = (
     "tenant",
     "id",
@@ -57,7 +57,6 @@ WRITTEN = (*COLUMNS, "search_words")  # and the full-text search words memorm de
 WRITTEN_LIST = ", ".join(WRITTEN)
 FIRST_SCAN = 256  # context: the newest rows whose tokens are summed first
 
-UTC = timezone.utc
 _dumps = json.JSONEncoder(allow_nan=False, ensure_ascii=False, separators=(",", ":")).encode
 _loads = json.loads
 
@@ -193,14 +192,10 @@ class RawSQLite(_Raw):
         values = [value.hex if isinstance(value, uuid.UUID) else value for value in params]
         return list(await self.connection.execute_fetchall(sql, values))
 
-    @staticmethod
-    def _timestamp(value: datetime) -> str:
-        return value.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
-
     async def _write(self, session_id: uuid.UUID, messages: Sequence[Mapping[str, Any]]) -> None:
         connection = self.connection
         count = len(messages)
-        now = self._timestamp(datetime.now(UTC))
+        now = sqlite_time(datetime.now(UTC))
         key = session_id.hex
         await connection.execute("BEGIN IMMEDIATE")
         try:
