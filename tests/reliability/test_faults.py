@@ -96,7 +96,7 @@ async def test_terminated_backends_fail_units_in_flight_and_the_pool_recovers(
             try:
                 async with faulty.unit_of_work() as uow:
                     await uow.messages.append(chat, {"role": "user", "content": "lost mid-statement"})
-                    async with guarded(uow.session):
+                    async with guarded(uow.link):
                         await uow.session.execute(sa.text("SELECT pg_sleep(30)"))
             except BaseException as error:
                 errors.append(error)
@@ -187,7 +187,7 @@ async def test_statement_timeout_fails_a_slow_statement_promptly(db: Database, s
 
         # A slow statement of the caller's own, run under guarded().
         async def own_statement() -> None:
-            async with faulty.unit_of_work() as uow, guarded(uow.session):
+            async with faulty.unit_of_work() as uow, guarded(uow.link):
                 await uow.session.execute(sa.text("SELECT pg_sleep(1)"))
 
         started = time.monotonic()
