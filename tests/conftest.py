@@ -56,7 +56,8 @@ from hypothesis import HealthCheck, settings
 from sqlalchemy.engine import make_url
 
 from memorm import Database
-from memorm.roles import ROLE_LOCK
+from memorm.errors import DatabaseError
+from memorm.roles import ROLE_LOCK, create_role
 
 REQUIRE_POSTGRES = os.environ.get("MEMORM_REQUIRE_POSTGRES") == "1"
 CITUS = os.environ.get("MEMORM_TEST_CITUS") == "1"
@@ -569,12 +570,11 @@ async def app_role(store: Store) -> AsyncIterator[tuple[Database, Database, str]
     made by `memorm.tenants.create_role`.  Afterwards both are disposed, and
     the schema and the role dropped.
     """
-    from memorm.tenants import create_role
 
     owner = store.database()
     await owner.upgrade()
     role = f"memorm_app_{uuid.uuid4().hex[:10]}"
-    await create_role(owner, role)
+    await create_app_role(owner, role)
     url = make_url(store.url).set(username=role).render_as_string(hide_password=False)
     if PGBOUNCER:
         pgbouncer_user(role, listed=True)
@@ -607,9 +607,29 @@ async def drop_role(admin: asyncpg.Connection, role: str) -> None:
     """Drop a role a test made, with what it was granted."""
     for attempt in range(5):
         try:  # the role's grant on the database is a catalog row other test runs may be updating
-            await admin.execute(f'DROP OWNED BY "{role}"; DROP ROLE IF EXISTS "{role}"')
+            async with admin.transaction():
+                # Not while `create_role` grants (its GRANT CONNECT would fail, not wait).
+                await admin.execute("SELECT pg_advisory_xact_lock($1)", ROLE_LOCK)
+                await admin.execute(f'DROP OWNED BY "{role}"; DROP ROLE IF EXISTS "{role}"')
             return
         except asyncpg.InternalServerError as error:
+            if "concurrently updated" not in str(error) or attempt == 4:
+                raise
+            await asyncio.sleep(0.1)
+
+
+async def create_app_role(database: Database, role: str) -> None:
+    """`create_role`, again if a VACUUM elsewhere updated the database's row as it granted CONNECT.
+
+    A VACUUM (a scrub test's, in another run on this server) ends with an in-place update
+    of the database's pg_database row, and a GRANT on the database at that moment fails
+    ("tuple concurrently updated") instead of waiting; `create_role` changes nothing then.
+    """
+    for attempt in range(5):
+        try:
+            await create_role(database, role)
+            return
+        except DatabaseError as error:
             if "concurrently updated" not in str(error) or attempt == 4:
                 raise
             await asyncio.sleep(0.1)
@@ -666,10 +686,8 @@ async def db(store: Store) -> AsyncIterator[Database]:
         finally:
             await database.dispose()
         return
-    from memorm.tenants import create_role
-
     role = f"memorm_app_{uuid.uuid4().hex[:10]}"
-    await create_role(database, role)
+    await create_app_role(database, role)
     await database.dispose()
     url = make_url(store.url).set(username=role).render_as_string(hide_password=False)
     if PGBOUNCER:
