@@ -137,6 +137,46 @@ async def test_time_travel_replays_and_forks_from_an_earlier_checkpoint(db: Data
     assert len(limited) == 2
 
 
+def with_subgraph() -> StateGraph[State]:
+    """START -> count -> inner (the counter graph as a subgraph: count, double) -> END."""
+    builder = StateGraph(State)
+    builder.add_node("count", _count)
+    builder.add_node("inner", counter().compile())  # inherits the parent's checkpointer
+    builder.add_edge(START, "count")
+    builder.add_edge("count", "inner")
+    builder.add_edge("inner", END)
+    return builder
+
+
+async def test_time_travel_replays_and_forks_a_graph_with_a_subgraph(db: Database) -> None:
+    # LangGraph replays a subgraph by listing its checkpoints `before` a config that names
+    # the parent's checkpoint and no thread: read as LangGraph's own savers read it.
+    agent = await _agent(db)
+    graph = with_subgraph().compile(checkpointer=MemormSaver(db, agent=agent))
+    # The subgraph returns its whole state: its steps are added to the parent's.
+    steps = ["count", "count", "count", "double"]
+    assert await graph.ainvoke({"steps": [], "count": 1}, thread("nested")) == {"steps": steps, "count": 6}
+    history = [snapshot async for snapshot in graph.aget_state_history(thread("nested"))]
+    before_inner = next(snapshot for snapshot in history if snapshot.next == ("inner",))
+    assert before_inner.values == {"steps": ["count"], "count": 2}
+
+    replayed = await graph.ainvoke(None, before_inner.config)
+    assert replayed == {"steps": steps, "count": 6}
+    forked = await graph.aupdate_state(before_inner.config, {"count": 10})
+    assert await graph.ainvoke(None, forked) == {"steps": steps, "count": 22}
+
+    saver = MemormSaver(db, agent=agent)
+    newest = history[0].config["configurable"]["checkpoint_id"]
+    older = [
+        item
+        async for item in saver.alist(thread("nested"), before={"configurable": {"checkpoint_id": newest}})
+    ]
+    assert newest not in [item.config["configurable"]["checkpoint_id"] for item in older]
+    assert len(older) >= len(history) - 1
+    with pytest.raises(ValidationError, match="before: configurable.checkpoint_id must be a string"):
+        [item async for item in saver.alist(thread("nested"), before={"configurable": {"checkpoint_id": 7}})]
+
+
 async def test_two_tenants_threads_never_see_each_other(db: Database) -> None:
     acme, globex = db.for_tenant("acme"), db.for_tenant("globex")
     acme_agent, globex_agent = await _agent(acme), await _agent(globex)

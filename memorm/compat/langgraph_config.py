@@ -23,7 +23,7 @@ from memorm.repositories.checkpoint_records import CheckpointKey, check_state_ke
 from memorm.search.filters import check_json_keys
 from memorm.validation import check_int, check_name
 
-__all__ = ["Listing", "ThreadConfig", "checked_run_ids", "thread_key", "thread_keys"]
+__all__ = ["Listing", "ThreadConfig", "before_checkpoint", "checked_run_ids", "thread_key", "thread_keys"]
 
 
 class ThreadConfig:
@@ -32,9 +32,7 @@ class ThreadConfig:
     __slots__ = ("checkpoint_id", "key", "ns", "thread_id")
 
     def __init__(self, config: object, *, field: str = "config") -> None:
-        configurable = config.get("configurable") if isinstance(config, Mapping) else None
-        if not isinstance(configurable, Mapping):
-            raise ValidationError(f"{field}: expected a RunnableConfig with a 'configurable' dict")
+        configurable = _configurable(config, field)
         thread = configurable.get("thread_id")
         if isinstance(thread, bool) or not isinstance(thread, (str, int, uuid.UUID)):
             raise ValidationError(f"{field}: configurable.thread_id must be a string (or an int or a UUID)")
@@ -44,12 +42,7 @@ class ThreadConfig:
         if not isinstance(ns, str):
             raise ValidationError(f"{field}: configurable.checkpoint_ns must be a string")
         self.ns: str = check_state_key(ns, f"{field}: configurable.checkpoint_ns")
-        checkpoint = configurable.get("checkpoint_id")
-        if checkpoint is not None and not isinstance(checkpoint, str):
-            raise ValidationError(f"{field}: configurable.checkpoint_id must be a string")
-        if checkpoint:
-            check_state_key(checkpoint, f"{field}: configurable.checkpoint_id")
-        self.checkpoint_id: str | None = checkpoint or None
+        self.checkpoint_id = _checkpoint_id(configurable, field)
 
     def config(self, checkpoint_id: str) -> RunnableConfig:
         """The config naming the checkpoint `checkpoint_id` of this thread and namespace."""
@@ -60,6 +53,32 @@ class ThreadConfig:
                 "checkpoint_id": checkpoint_id,
             }
         }
+
+
+def _configurable(config: object, field: str) -> Mapping[str, Any]:
+    configurable = config.get("configurable") if isinstance(config, Mapping) else None
+    if not isinstance(configurable, Mapping):
+        raise ValidationError(f"{field}: expected a RunnableConfig with a 'configurable' dict")
+    return configurable
+
+
+def _checkpoint_id(configurable: Mapping[str, Any], field: str) -> str | None:
+    checkpoint = configurable.get("checkpoint_id")
+    if checkpoint is not None and not isinstance(checkpoint, str):
+        raise ValidationError(f"{field}: configurable.checkpoint_id must be a string")
+    if checkpoint:
+        check_state_key(checkpoint, f"{field}: configurable.checkpoint_id")
+    return checkpoint or None
+
+
+def before_checkpoint(before: object) -> str | None:
+    """The checkpoint id a listing's `before` names, read as LangGraph's own savers read it.
+
+    Only its `checkpoint_id` counts: LangGraph replays a subgraph by listing the
+    subgraph's checkpoints `before` a config that names the parent's checkpoint
+    and no thread.  Without one, nothing is left out (as `InMemorySaver`).
+    """
+    return _checkpoint_id(_configurable(before, "before"), "before")
 
 
 def thread_key(thread: object, field: str) -> str:
@@ -90,7 +109,7 @@ class Listing:
         # A config without a namespace lists every namespace of the thread.
         self.ns_any = config is not None and "checkpoint_ns" not in (config.get("configurable") or {})
         self.filter = None if filter is None else dict(check_json_keys(filter, "filter")) or None
-        self.before = None if before is None else ThreadConfig(before, field="before").checkpoint_id
+        self.before = None if before is None else before_checkpoint(before)
         self.left = None if limit is None else check_int(limit, "limit", minimum=0, maximum=2**62)
         self.after: CheckpointKey | None = None
         self.done = self.left == 0
