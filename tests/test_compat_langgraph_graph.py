@@ -173,7 +173,7 @@ async def test_time_travel_replays_and_forks_a_graph_with_a_subgraph(db: Databas
     ]
     assert newest not in [item.config["configurable"]["checkpoint_id"] for item in older]
     assert len(older) >= len(history) - 1
-    with pytest.raises(ValidationError, match="before: configurable.checkpoint_id must be a string"):
+    with pytest.raises(ValidationError, match=r"before: configurable\.checkpoint_id must be a string"):
         [item async for item in saver.alist(thread("nested"), before={"configurable": {"checkpoint_id": 7}})]
 
 

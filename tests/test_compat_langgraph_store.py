@@ -23,7 +23,7 @@ from probes import count_sqlite_hops
 from typing_extensions import TypedDict
 
 from memorm import Database, NotFoundError, ValidationError
-from memorm.compat.langgraph import BlockingCallError, MemormSaver, MemormStore
+from memorm.compat.langgraph import AsyncMemormStore, BlockingCallError, MemormSaver, MemormStore
 from memorm.errors import ConflictError
 from memorm.models import STORE_ITEMS, STORE_VECTORS
 from memorm.search import store_vectors
@@ -389,6 +389,40 @@ async def test_the_sync_sweeper_runs_on_memorms_sync_loop_until_stopped_or_cance
     future.cancel()
     assert await store.astop_ttl_sweeper(timeout=5)
     assert store.stop_ttl_sweeper()
+
+
+async def test_awaiting_the_sync_sweepers_future_stops_it_and_names_the_coroutine(db: Database) -> None:
+    # Code written for AsyncPostgresStore awaits start_ttl_sweeper(): MemormStore's is sync.
+    store = MemormStore(db, agent=await _agent(db), ttl={"default_ttl": 10})
+    await store.aput(("ttl",), "old", {"v": 1})
+    future = store.start_ttl_sweeper(_FAST)
+    with pytest.raises(BlockingCallError, match=r"astart_ttl_sweeper\(\).*AsyncMemormStore"):
+        await future
+    assert future.cancelled()
+    assert await store.astop_ttl_sweeper(timeout=5)  # nothing left running...
+    await _backdate(db, "old", 1)
+    await anyio.sleep(_FAST * 60 * 3)
+    assert await _rows(db, STORE_ITEMS) == 1  # ...and nothing swept
+    task = await store.astart_ttl_sweeper(_FAST)  # no sync sweeper in the way
+    await _swept(db, 0)
+    assert await store.astop_ttl_sweeper(timeout=5)
+    assert task.cancelled()
+
+
+async def test_the_async_store_awaits_setup_and_its_sweeper_as_langgraphs_async_store(db: Database) -> None:
+    store = AsyncMemormStore(
+        db, agent=await _agent(db), ttl={"default_ttl": 10, "sweep_interval_minutes": _FAST}
+    )
+    await store.setup()
+    await store.aput(("ttl",), "old", {"v": 1})
+    task = await store.start_ttl_sweeper()
+    assert isinstance(task, asyncio.Task)
+    await _backdate(db, "old", 1)
+    await _swept(db, 0)
+    assert await store.stop_ttl_sweeper(timeout=5)
+    assert task.cancelled()
+    with pytest.raises(BlockingCallError, match=r"await MemormStore.asetup\(\)"):
+        MemormStore(db, agent=store.agent_id).setup()  # the sync store's on a running loop
 
 
 async def test_a_failed_sweep_is_logged_and_the_next_one_runs(

@@ -42,6 +42,14 @@ from memorm.compat.langgraph_copy import copy_checkpoints
 from memorm.compat.langgraph_saver import MemormSaver
 from memorm.compat.langgraph_serde import StrictSerializer
 from memorm.compat.langgraph_storage import PAGE
-from memorm.compat.langgraph_store import MemormStore
+from memorm.compat.langgraph_store import AsyncMemormStore, MemormStore
 
-__all__ = ["PAGE", "BlockingCallError", "MemormSaver", "MemormStore", "StrictSerializer", "copy_checkpoints"]
+__all__ = [
+    "PAGE",
+    "AsyncMemormStore",
+    "BlockingCallError",
+    "MemormSaver",
+    "MemormStore",
+    "StrictSerializer",
+    "copy_checkpoints",
+]

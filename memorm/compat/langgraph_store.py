@@ -54,7 +54,7 @@ from memorm.errors import ValidationError
 from memorm.models import Agent
 from memorm.validation import as_uuid
 
-__all__ = ["InvalidNamespace", "MemormStore"]
+__all__ = ["AsyncMemormStore", "InvalidNamespace", "MemormStore"]
 
 _AT_ONCE = 4  # calls of a store that run at once on an event loop, before calls wait and merge
 _MERGED_MOST = 500  # calls merged into one unit of work at most
@@ -226,3 +226,26 @@ class MemormStore(BaseStore):
     async def astop_ttl_sweeper(self, timeout: float | None = None) -> bool:
         """`stop_ttl_sweeper` for async code: waits (up to `timeout` seconds) without blocking the loop."""
         return await self._sweeper.astop(timeout)
+
+
+class AsyncMemormStore(MemormStore):
+    """A `MemormStore` whose `setup` and sweeper switches are coroutines, as `AsyncPostgresStore`'s.
+
+    For code written against LangGraph's async Postgres store
+    (`await store.setup()`, `await store.start_ttl_sweeper()`,
+    `await store.stop_ttl_sweeper()`).  The rest is `MemormStore`'s.
+    """
+
+    async def setup(self, *, m: int = 16, ef_construction: int = 64) -> None:  # type: ignore[override]
+        """`asetup`."""
+        await self.asetup(m=m, ef_construction=ef_construction)
+
+    async def start_ttl_sweeper(  # type: ignore[override]
+        self, sweep_interval_minutes: float | None = None
+    ) -> asyncio.Task[None]:
+        """`astart_ttl_sweeper`: a task on the running loop."""
+        return await self.astart_ttl_sweeper(sweep_interval_minutes)
+
+    async def stop_ttl_sweeper(self, timeout: float | None = None) -> bool:  # type: ignore[override]
+        """`astop_ttl_sweeper`."""
+        return await self.astop_ttl_sweeper(timeout)

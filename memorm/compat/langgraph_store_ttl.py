@@ -15,19 +15,19 @@ import concurrent.futures
 import logging
 import threading
 import uuid
-from collections.abc import Mapping
-from typing import cast
+from collections.abc import Generator, Mapping
+from typing import Any, cast
 
 import anyio
 
-from memorm.compat._sync import BRIDGE
+from memorm.compat._sync import BRIDGE, BlockingCallError
 from memorm.concurrency import protect
 from memorm.db import Database
 from memorm.errors import ConflictError, MemormError
 from memorm.repositories.store_items import check_minutes
 from memorm.types import utcnow
 
-__all__ = ["TTLSweeper", "sweep_expired", "sweep_seconds"]
+__all__ = ["SweeperFuture", "TTLSweeper", "sweep_expired", "sweep_seconds"]
 
 _SWEEP_BATCH = 1000  # expired items deleted per transaction by a sweep
 _SWEEP_EVERY = 5.0  # minutes between the sweeper's sweeps, unless the TTL config or the call says
@@ -57,6 +57,24 @@ def sweep_seconds(ttl_config: Mapping[str, object] | None, minutes: float | None
         return None
     configured = ttl_config.get("sweep_interval_minutes")
     return 60 * (checked or check_minutes(configured, "ttl.sweep_interval_minutes") or _SWEEP_EVERY)
+
+
+class SweeperFuture(concurrent.futures.Future[None]):
+    """The future `MemormStore.start_ttl_sweeper()` returns: done when its sweeper stops.
+
+    Awaited, as async code awaits `AsyncPostgresStore.start_ttl_sweeper()`,
+    it stops the sweeper it stands for and raises `BlockingCallError` naming
+    the coroutine to call: a failed call leaves no sweeper running.
+    """
+
+    def __await__(self) -> Generator[Any, None, None]:
+        self.cancel()  # cancelling the future stops its sweeper (`TTLSweeper.start`)
+        raise BlockingCallError(
+            "MemormStore.start_ttl_sweeper() returns a concurrent future, which cannot be awaited "
+            "(the sweeper it started is stopped): await store.astart_ttl_sweeper(), or use "
+            "AsyncMemormStore, whose start_ttl_sweeper() is a coroutine as AsyncPostgresStore's"
+        )
+        yield  # a generator: the error is raised when awaited
 
 
 class _RunningSweeper:
@@ -97,7 +115,7 @@ class TTLSweeper:
     def start(self, db: Database, seconds: float | None) -> concurrent.futures.Future[None]:
         """Sweep every `seconds` on memorm's sync loop (None: a finished future); the sweeper's future."""
         if seconds is None:
-            finished: concurrent.futures.Future[None] = concurrent.futures.Future()
+            finished = SweeperFuture()
             finished.set_result(None)
             return finished
         with self._lock:
@@ -105,7 +123,7 @@ class TTLSweeper:
             if running is not None:
                 return cast("concurrent.futures.Future[None]", running.handle)
             task = BRIDGE.spawn(db, lambda db: self._sweep_every(db, seconds))
-            future: concurrent.futures.Future[None] = concurrent.futures.Future()
+            future = SweeperFuture()
             sweeper = self._running = _RunningSweeper(task, future)
         task.add_done_callback(lambda done: _settle(future, done))
         future.add_done_callback(lambda done: sweeper.stop() if done.cancelled() else None)

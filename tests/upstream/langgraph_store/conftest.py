@@ -8,9 +8,9 @@ import pytest
 from conftest import Store
 from probes import tagged_database
 
-from memorm.compat.langgraph import MemormStore
+from memorm.compat.langgraph import AsyncMemormStore, MemormStore
 
-from .kit import CURRENT, AsyncSuiteStore
+from .kit import CURRENT
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ async def store(
         upstream = request.function.__globals__  # the upstream module's namespace
         ttl_minutes = upstream.get("TTL_SECONDS", 6) / 60
         ttl = {"default_ttl": ttl_minutes, "refresh_on_read": True, "sweep_interval_minutes": ttl_minutes / 2}
-        kind = AsyncSuiteStore if upstream["__name__"] == "tests.test_async_store" else MemormStore
+        kind = AsyncMemormStore if upstream["__name__"] == "tests.test_async_store" else MemormStore
         CURRENT.update(db=db, agent=agent.id, kind=kind)
         made = kind(db, agent=agent.id, ttl=ttl)
         if kind is MemormStore:

@@ -22,7 +22,6 @@ from memorm.types import utcnow
 
 __all__ = [
     "CURRENT",
-    "AsyncSuiteStore",
     "aexpire_now",
     "arow_exists",
     "arun",
@@ -40,19 +39,6 @@ __all__ = [
     "vector_store_context",
     "where",
 ]
-
-
-class AsyncSuiteStore(MemormStore):
-    """A `MemormStore` whose sweeper switches are coroutines, as `AsyncPostgresStore`'s are.
-
-    The async suite awaits `store.start_ttl_sweeper()` and
-    `store.stop_ttl_sweeper()`: MemormStore spells them `astart_ttl_sweeper`
-    and `astop_ttl_sweeper` (its unprefixed ones are the sync
-    `PostgresStore`'s, which the sync suite calls).
-    """
-
-    start_ttl_sweeper = MemormStore.astart_ttl_sweeper  # type: ignore[assignment]
-    stop_ttl_sweeper = MemormStore.astop_ttl_sweeper  # type: ignore[assignment]
 
 
 CURRENT: dict[str, Any] = {}  # the test's memorm database, agent and store class (conftest.py sets them)
