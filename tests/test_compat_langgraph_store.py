@@ -6,6 +6,7 @@ import asyncio
 import logging
 import math
 import operator
+import re
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -711,6 +712,50 @@ async def test_setup_builds_an_hnsw_index_that_searches_by_query_use(db: Databas
     assert all(item.score is not None for item in rare)
     with pytest.raises(ValidationError):
         await MemormStore(db, agent=await _agent(db, "wide"), index={**index, "dims": 4000}).asetup()
+
+
+async def _hnsw_definitions(db: Database) -> list[str]:
+    if db.dialect == "sqlite":
+        return []
+    async with db.unit_of_work(read_only=True) as uow:
+        found = await uow.session.execute(
+            sa.text("SELECT indexdef FROM pg_indexes WHERE indexname LIKE 'ix_graph_store_vectors_hnsw%'")
+        )
+        return [row[0] for row in found]
+
+
+async def test_ann_index_config_is_honoured_or_refused(db: Database) -> None:
+    # LangGraph's PostgresIndexConfig: memorm builds what it says, or refuses it at once.
+    index = {"dims": 16, "embed": _hashed, "fields": ["text"]}
+    flat = MemormStore(
+        db, agent=await _agent(db, "flat"), index={**index, "ann_index_config": {"kind": "flat"}}
+    )
+    await flat.asetup()
+    assert await _hnsw_definitions(db) == []  # flat: no index, every search exact
+    await flat.aput(("docs",), "a", {"text": "alpha beta"})
+    assert [item.key for item in await flat.asearch(("docs",), query="alpha")] == ["a"]
+
+    tuned = {"kind": "hnsw", "vector_type": "halfvec", "m": 8, "ef_construction": 40}  # kept as float32
+    store = MemormStore(db, agent=await _agent(db), index={**index, "ann_index_config": tuned})
+    await store.asetup()
+    definitions = await _hnsw_definitions(db)
+    if db.dialect == "postgresql":
+        [definition] = definitions
+        assert "m='8'" in definition, definition
+        assert "ef_construction='40'" in definition, definition
+
+    refused = [
+        ({"vector_type": "bit"}, "memorm keeps float32 vectors"),
+        ({"kind": "ivfflat", "nlist": 100}, "unsupported keys"),
+        ({"kind": "ivfflat"}, "expected 'hnsw' or 'flat'"),
+        ({"kind": "flat", "m": 8}, "HNSW's options"),
+        ({"m": 200}, "m"),
+        ({"m": 16, "ef_construction": 8}, "ef_construction"),
+        ("hnsw", "expected a dict"),
+    ]
+    for config, words in refused:
+        with pytest.raises(ValidationError, match=re.escape(words)):
+            MemormStore(db, agent=store.agent_id, index={**index, "ann_index_config": config})
 
 
 async def test_store_vectors_are_not_archival_passages(db: Database) -> None:

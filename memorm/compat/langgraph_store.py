@@ -162,26 +162,32 @@ class MemormStore(BaseStore):
         config = self.ttl_config
         return bool(config and config.get("omit_expired"))
 
-    async def asetup(self, *, m: int = 16, ef_construction: int = 64) -> None:
+    async def asetup(self, *, m: int | None = None, ef_construction: int | None = None) -> None:
         """Build the HNSW index that searches by query use on Postgres (as the tables' owner).
 
-        For a store with an `index` config; nothing to do otherwise, or on
-        SQLite (which searches exactly).  Idempotent: run it at deploy time,
+        For a store with an `index` config; nothing to do otherwise, on
+        SQLite (which searches exactly), or for an index config whose
+        `ann_index_config` says `"kind": "flat"`.  `m` and `ef_construction`
+        default to the `ann_index_config`'s (else 16 and 64, pgvector's).  Idempotent: run it at deploy time,
         beside `db.upgrade()`.  A search through the index is approximate
         (pgvector's HNSW); a page the index's candidates do not fill (a
         selective filter, a small namespace) is searched again exactly.
         Without the index every search is exact, and grows with the items
         under the namespace prefix searched.
         """
-        if self._index is None:
+        if self._index is None or not self._index.approximate:
             return
+        build = self._index.build
         async with self.db.unit_of_work() as uow:
             await uow.graph_store.ensure_index(
-                self._index.dims, self._index.distance, m=m, ef_construction=ef_construction
+                self._index.dims,
+                self._index.distance,
+                m=build["m"] if m is None else m,
+                ef_construction=build["ef_construction"] if ef_construction is None else ef_construction,
             )
         self._batches.indexed = self.db.dialect != "sqlite"
 
-    def setup(self, *, m: int = 16, ef_construction: int = 64) -> None:
+    def setup(self, *, m: int | None = None, ef_construction: int | None = None) -> None:
         """`asetup` for sync code."""
         run_off_loop(self, "setup", lambda _: self.asetup(m=m, ef_construction=ef_construction))
 
@@ -236,7 +242,9 @@ class AsyncMemormStore(MemormStore):
     `await store.stop_ttl_sweeper()`).  The rest is `MemormStore`'s.
     """
 
-    async def setup(self, *, m: int = 16, ef_construction: int = 64) -> None:  # type: ignore[override]
+    async def setup(  # type: ignore[override]
+        self, *, m: int | None = None, ef_construction: int | None = None
+    ) -> None:
         """`asetup`."""
         await self.asetup(m=m, ef_construction=ef_construction)
 

@@ -35,6 +35,7 @@ from memorm.errors import ValidationError
 from memorm.repositories.store_items import MAX_KEY_BYTES, NewItem, check_minutes
 from memorm.search.filters import check_value_filter
 from memorm.search.store_shapes import DISTANCES
+from memorm.search.vector_index import check_build_options
 from memorm.validation import MAX_DIMENSIONS, MAX_PAGE, check_json_object, check_text
 
 __all__ = ["CheckedOp", "CheckedPut", "InvalidNamespace", "StoreIndex", "check_op", "check_ttl_config"]
@@ -121,6 +122,48 @@ class StoreIndex:
         if distance not in DISTANCES:
             raise ValidationError(f"index.distance_type: expected one of {', '.join(DISTANCES)}")
         self.distance: str = distance
+        self.approximate, self.build = _ann_index(index.get("ann_index_config"))
+
+
+_HNSW_DEFAULTS = {"m": 16, "ef_construction": 64}  # pgvector's, and `MemormStore.setup`'s
+
+
+def _ann_index(config: object) -> tuple[bool, dict[str, int]]:
+    """`ann_index_config` (`PostgresIndexConfig`'s), honoured or refused: whether `setup` builds
+    an HNSW index, and its build options.
+
+    `kind` "hnsw" (the default, with `m` and `ef_construction`) or "flat" (no index:
+    every search exact).  `vector_type` "vector", or "halfvec", which memorm keeps as
+    float32 too (as precise or more, twice the bytes; its indexes reach 2,000
+    dimensions, not halfvec's 4,000).  What memorm does not build ("ivfflat",
+    "bit" vectors, other keys) is refused, not ignored.
+    """
+    if config is None:
+        return True, dict(_HNSW_DEFAULTS)
+    field = "index.ann_index_config"
+    if not isinstance(config, Mapping):
+        raise ValidationError(f"{field}: expected a dict, got {type(config).__name__}")
+    unknown = sorted(str(key) for key in config if key not in ("kind", "vector_type", "m", "ef_construction"))
+    if unknown:
+        raise ValidationError(f"{field}: unknown or unsupported keys {unknown} (memorm builds HNSW only)")
+    if config.get("vector_type", "vector") not in ("vector", "halfvec"):
+        raise ValidationError(
+            f"{field}.vector_type: memorm keeps float32 vectors ('vector' or 'halfvec'), "
+            f"not {config['vector_type']!r:.40}"
+        )
+    kind = config.get("kind", "hnsw")
+    if kind == "flat":
+        if "m" in config or "ef_construction" in config:
+            raise ValidationError(f"{field}: m and ef_construction are HNSW's options, not a flat index's")
+        return False, {}
+    if kind != "hnsw":
+        raise ValidationError(f"{field}.kind: expected 'hnsw' or 'flat' (memorm builds no {kind!r:.40})")
+    options = {**_HNSW_DEFAULTS, **{key: config[key] for key in _HNSW_DEFAULTS if key in config}}
+    try:
+        m, ef_construction = check_build_options(options["m"], options["ef_construction"])
+    except ValidationError as error:
+        raise ValidationError(f"{field}: {error}") from None
+    return True, {"m": m, "ef_construction": ef_construction}
 
 
 def _field_path(path: object, field: str) -> str | list[str]:

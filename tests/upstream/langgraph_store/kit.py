@@ -69,7 +69,7 @@ def vector_store_on(
 ) -> MemormStore:
     """What LangGraph's `_create_vector_store` makes: a store with semantic search, on the test's database.
 
-    `vector_type` (`vector`/`halfvec`) is ignored: memorm keeps float32 vectors for both.
+    `vector_type` (`vector`/`halfvec`) goes in the index config: memorm keeps float32 vectors for both.
     """
     index = {
         "dims": fake_embeddings.dims,
