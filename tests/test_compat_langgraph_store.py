@@ -8,7 +8,7 @@ import math
 import operator
 import re
 import uuid
-from datetime import timedelta
+from datetime import date, datetime, time, timedelta, timezone
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.store.base import BaseStore, GetOp, InvalidNamespaceError, PutOp, SearchOp
+from langgraph.store.sqlite import SqliteStore
 from probes import count_sqlite_hops
 from typing_extensions import TypedDict
 
@@ -92,6 +93,38 @@ async def test_put_get_search_delete_round_trip(db: Database) -> None:
     assert await store.alist_namespaces(max_depth=1) == [("users",)]
     await store.adelete(("users", "42"), "food")
     assert await store.aget(("users", "42"), "food") is None
+
+
+async def test_datetimes_and_uuids_in_a_value_are_stored_as_langgraphs_sqlite_store_stores_them(
+    db: Database,
+) -> None:
+    when = datetime(2026, 12, 7, 6, 45, 5, 123456, tzinfo=timezone.utc)
+    value = {
+        "when": when,
+        "naive": datetime(2026, 1, 2, 3, 4, 5),
+        "days": [date(2026, 1, 2), time(9, 30)],
+        "id": uuid.UUID("12345678-1234-5678-1234-567812345678"),
+        "plain": {"n": 1, "at": (when,)},
+    }
+    store = MemormStore(db, agent=await _agent(db))
+    await store.aput(("dates",), "k", value)
+    item = await store.aget(("dates",), "k")
+    assert item is not None
+
+    def langgraphs() -> Any:
+        with SqliteStore.from_conn_string(":memory:") as theirs:
+            theirs.setup()
+            theirs.put(("dates",), "k", value)
+            return theirs.get(("dates",), "k")
+
+    assert item.value == (await anyio.to_thread.run_sync(langgraphs)).value
+    assert item.value["when"] == "2026-12-07T06:45:05.123456+00:00"
+    assert item.value["plain"] == {"n": 1, "at": ["2026-12-07T06:45:05.123456+00:00"]}
+    with pytest.raises(ValidationError, match="is not a JSON number"):  # converted, still checked
+        await store.aput(("dates",), "bad", {"when": when, "x": math.nan})
+    with pytest.raises(ValidationError, match="set is not JSON"):
+        await store.aput(("dates",), "bad", {"when": when, "x": {1}})
+    assert await store.aget(("dates",), "bad") is None
 
 
 async def test_an_aput_is_one_call_that_commits_itself_and_replaces_the_items_embeddings(

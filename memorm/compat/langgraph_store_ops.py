@@ -9,7 +9,9 @@ key to delete.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping, Sequence
+from datetime import date, datetime, time
 from typing import cast
 
 from memorm.compat._extras import missing_extra
@@ -166,6 +168,24 @@ def _ann_index(config: object) -> tuple[bool, dict[str, int]]:
     return True, {"m": m, "ef_construction": ef_construction}
 
 
+def as_langgraph_writes(value: object) -> object:
+    """`value` with its datetimes, dates, times and UUIDs as the strings LangGraph's SQLite store writes.
+
+    That store writes values with orjson, which gives these as ISO 8601 text
+    (as `isoformat()`) and UUIDs as their canonical text; read back, they are
+    strings.  Anything else is left for the JSON check to refuse.
+    """
+    if isinstance(value, (datetime, date, time)):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {key: as_langgraph_writes(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [as_langgraph_writes(item) for item in value]
+    return value
+
+
 def _field_path(path: object, field: str) -> str | list[str]:
     if not isinstance(path, str) or not path:
         raise ValidationError(f"{field}: a field path is a non-empty string, got {path!r:.80}")
@@ -237,7 +257,11 @@ def _check_put(op: PutOp, where: str, index: StoreIndex | None) -> CheckedPut:
     joined, key = ".".join(namespace), _key(op.key)
     if op.value is None:
         return CheckedPut((joined, key), {})
-    value = check_json_object(dict(op.value) if isinstance(op.value, Mapping) else op.value, f"{where}.value")
+    given = dict(op.value) if isinstance(op.value, Mapping) else op.value
+    try:
+        value = check_json_object(given, f"{where}.value")
+    except ValidationError:  # perhaps only datetimes or UUIDs, which LangGraph's SQLite store takes
+        value = check_json_object(as_langgraph_writes(given), f"{where}.value")
     ttl = check_minutes(op.ttl, f"{where}.ttl")
     texts: dict[str, str] = {}
     if index is not None and op.index is not False:
