@@ -278,6 +278,7 @@ async def test_sync_calls_on_a_running_loops_thread_refuse_unless_allowed(db: Da
         with pytest.raises(BlockingCallError, match="would block") as refused:
             call()
         assert isinstance(refused.value, asyncio.InvalidStateError)
+        assert "await graph.ainvoke() or graph.astream()" in str(refused.value)  # what a notebook runs
     assert [t async for t in saver.alist(None)] == []
     # allow_blocking: they run here, blocking this loop until done.
     blocking = MemormSaver(db, agent=agent, allow_blocking=True)

@@ -218,6 +218,7 @@ def run_off_loop(adapter: Blocking, method: str, work: Callable[[Database], Awai
             raise BlockingCallError(
                 f"{name}.{method}() on the thread of a running event loop would block that loop: "
                 f"await {name}.a{method}() instead, or call {method}() from another thread"
+                f"{getattr(adapter, 'blocking_hint', '')} (allow_blocking=True blocks the loop instead)"
             )
     name = type(adapter).__name__
     return BRIDGE.run(adapter.db, work, call=f"{name}.{method}()", instead=f"Await {name}.a{method}()")

@@ -87,6 +87,12 @@ class MemormSaver(SyncCheckpointMethods):
         ```
     """
 
+    # What a refused sync call says to do where a graph called it (`run_off_loop`): in a
+    # notebook or an async server, the graph's own async methods.
+    blocking_hint = (
+        "; a graph on this loop (a notebook, an async server): await graph.ainvoke() or graph.astream()"
+    )
+
     def __init__(
         self,
         db: Database,

@@ -109,6 +109,11 @@ class MemormStore(BaseStore):
 
     supports_ttl = True
 
+    # What a refused sync call says to do where a graph's node called it (`run_off_loop`).
+    blocking_hint = (
+        "; a graph on this loop (a notebook, an async server): await graph.ainvoke() or graph.astream()"
+    )
+
     def __init__(
         self,
         db: Database,
