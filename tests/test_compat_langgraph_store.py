@@ -757,6 +757,7 @@ async def _hnsw_definitions(db: Database) -> list[str]:
         return [row[0] for row in found]
 
 
+@pytest.mark.owner  # CREATE INDEX: the tables' owner's
 async def test_ann_index_config_is_honoured_or_refused(db: Database) -> None:
     # LangGraph's PostgresIndexConfig: memorm builds what it says, or refuses it at once.
     index = {"dims": 16, "embed": _hashed, "fields": ["text"]}
