@@ -17,6 +17,7 @@ import pytest
 from conftest import count_rows
 
 from memorm import Agent, ConflictError, Database, NotFoundError, ValidationError
+from memorm.testing import capture_statements
 
 pytestmark = pytest.mark.anyio
 
@@ -303,3 +304,18 @@ async def test_bad_hnsw_build_options_are_rejected(db: Database, options: dict[s
         # The bounds themselves are accepted (a no-op on SQLite).
         await uow.passages.ensure_index("default", 2, "l2", m=2, ef_construction=4)
         await uow.passages.ensure_index("default", 2, "inner_product", m=100, ef_construction=1000)
+
+
+@pytest.mark.owner  # DDL
+async def test_a_dimension_an_hnsw_index_cannot_hold_is_refused_before_any_statement(db: Database) -> None:
+    # pgvector indexes up to 2,000 dimensions of `vector` and 4,000 of `halfvec`.
+    async with db.unit_of_work() as uow:
+        with capture_statements(db) as sent:
+            with pytest.raises(ValidationError, match="at most 2,000 dimensions at float32"):
+                await uow.passages.ensure_index("wide", 2001, "cosine")
+            with pytest.raises(ValidationError, match="at most 4,000 dimensions at float16"):
+                await uow.passages.ensure_index("wide", 4001, "cosine", precision="float16")
+        assert sent == []
+        # The limits themselves are built (a no-op on SQLite).
+        await uow.passages.ensure_index("wide", 2000, "cosine")
+        await uow.passages.ensure_index("wider", 4000, "cosine", precision="float16")

@@ -16,7 +16,7 @@ from memorm.errors import ValidationError
 from memorm.link import Link
 from memorm.models import STORE_VECTORS
 from memorm.search.store_shapes import DISTANCES
-from memorm.search.vector_index import PROPAGATE, check_build_options
+from memorm.search.vector_index import MAX_INDEXED_DIMS, PROPAGATE, check_build_options
 
 __all__ = [
     "check_index_shape",
@@ -29,7 +29,7 @@ __all__ = [
 # Runtime indexes are built on a detached copy: one on memorm's table would join its metadata.
 _DETACHED = STORE_VECTORS.to_metadata(sa.MetaData())
 _OPS_CLASS = {"cosine": "vector_cosine_ops", "inner_product": "vector_ip_ops", "l2": "vector_l2_ops"}
-_MAX_INDEXED_DIMS = 2_000  # pgvector's limit for an HNSW index on `vector`
+_MAX_INDEXED_DIMS = MAX_INDEXED_DIMS["float32"]  # the store keeps `vector`s
 
 
 def indexed_dims(table: sa.Table, dims: int) -> ColumnElement[bool]:

@@ -32,9 +32,11 @@ from memorm.models import PASSAGES, EmbeddingModel
 __all__ = [
     "CONNECTION_SETTINGS",
     "DEFAULT_EF_SEARCH",
+    "MAX_INDEXED_DIMS",
     "METRICS",
     "PROPAGATE",
     "check_build_options",
+    "check_indexable",
     "check_metric",
     "connection_setup",
     "ensure_index",
@@ -69,6 +71,20 @@ def _bounded(value: object, field: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ValidationError(f"{field}: expected an integer from {low} to {high}, got {value!r:.80}")
     return int(value)  # a plain int: a subclass's own __str__ never reaches the DDL
+
+
+MAX_INDEXED_DIMS = {"float32": 2_000, "float16": 4_000}
+"""pgvector's limits for an HNSW index: dimensions of `vector` (float32) and `halfvec` (float16)."""
+
+
+def check_indexable(model: EmbeddingModel) -> None:
+    """Refuse a shape an HNSW index cannot hold (on both engines, as Postgres would)."""
+    limit = MAX_INDEXED_DIMS[model.precision]
+    if model.dim > limit:
+        raise ValidationError(
+            f"dim: an HNSW index holds at most {limit:,} dimensions at {model.precision} "
+            f"(pgvector's limit), got {model.dim:,}; search those exactly, without an index"
+        )
 
 
 def check_build_options(m: object, ef_construction: object) -> tuple[int, int]:
@@ -113,6 +129,7 @@ async def ensure_index(
     """
     links, candidates = check_build_options(m, ef_construction)
     check_metric(metric)
+    check_indexable(model)
     if link.sqlite:
         return ""  # SQLite searches exactly; there is nothing to build
     await link.ready()
