@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
 from typing import Any
 
+import aiosqlite
 import anyio
 from sqlalchemy import event
 from sqlalchemy.engine import ExceptionContext
@@ -151,9 +153,9 @@ def _setup_sqlite(engine: AsyncEngine) -> None:
 
 def _interrupt_sqlite(driver: Any) -> None:
     """Stop the statement an aiosqlite connection runs, from the event loop's thread, without awaiting."""
-    connection = getattr(driver, "_connection", None)  # the sqlite3 connection; None once closed
+    connection = _sqlite3_of(driver)
     if connection is not None:
-        # sqlite3_interrupt is safe from any thread; a connection closing meanwhile refuses it.
+        # sqlite3_interrupt is safe from any thread; a closed connection refuses it.
         with contextlib.suppress(sqlite3.ProgrammingError):
             connection.interrupt()
 
@@ -167,8 +169,8 @@ async def _close_sqlite(driver: Any) -> None:
     an unfinished statement (one whose fetch a cancellation cut short)
     lives, and stops the ROLLBACK.
     """
-    raw = getattr(driver, "_connection", None)  # the sqlite3 connection; None once closed
-    if raw is not None and raw.in_transaction:
+    raw = _sqlite3_of(driver)
+    if raw is not None and _in_transaction(raw):
         # Ended before the close: SQLite keeps a connection closed under an
         # unfinished statement open, with its transaction and the write lock,
         # until the garbage collector finalizes that statement.
@@ -189,17 +191,48 @@ async def _close_sqlite(driver: Any) -> None:
 _SQLITE_STATEMENT_GRACE = 0.05  # seconds a closing connection's statement may take before it is interrupted
 
 
+class SQLiteConnection(aiosqlite.Connection):
+    """aiosqlite's connection, keeping the sqlite3 connection its thread opens (`sqlite`).
+
+    The event loop's thread needs it while the connection's thread is busy: to
+    interrupt a running statement (`sqlite3_interrupt` is safe from any
+    thread) and to see whether a transaction is open.  aiosqlite keeps it to
+    itself, so memorm opens it (as `aiosqlite.connect` does) and keeps it too.
+    """
+
+    def __init__(self, database: str | os.PathLike[str], *, iter_chunk_size: int = 64, **kwargs: Any) -> None:
+        self.sqlite: sqlite3.Connection | None = None  # set in the connection's thread, once open
+
+        def connector() -> sqlite3.Connection:
+            self.sqlite = sqlite3.connect(os.fspath(database), **kwargs)
+            return self.sqlite
+
+        super().__init__(connector, iter_chunk_size)
+
+
+def _sqlite3_of(driver: Any) -> sqlite3.Connection | None:
+    """The sqlite3 connection under `driver` (None if not opened, or not opened by memorm)."""
+    return getattr(driver, "sqlite", None)
+
+
+def _in_transaction(raw: sqlite3.Connection) -> bool:
+    """Whether `raw` holds a transaction open (a closed connection holds none)."""
+    try:
+        return raw.in_transaction
+    except sqlite3.ProgrammingError:
+        return False
+
+
 def connect_sqlite(*args: Any, **kwargs: Any) -> Any:
     """A new aiosqlite connection (to await), as SQLAlchemy's dialect makes one."""
-    import aiosqlite
-
-    connection = aiosqlite.connect(*args, **kwargs)
-    # Its thread must not keep the interpreter alive at exit (as SQLAlchemy's dialect does).
+    connection = SQLiteConnection(*args, **kwargs)
+    # Its thread must not keep the interpreter alive at exit.  aiosqlite has no public
+    # way to say so: SQLAlchemy's own dialect sets the same attribute.
     connection._thread.daemon = True
     return _open_sqlite(connection)
 
 
-async def _open_sqlite(connection: Any) -> Any:
+async def _open_sqlite(connection: SQLiteConnection) -> SQLiteConnection:
     """`connection` (an aiosqlite connection not yet awaited), opened whole whatever cancellation arrives.
 
     Cut short, aiosqlite drops the sqlite3 connection its thread is opening
@@ -210,7 +243,7 @@ async def _open_sqlite(connection: Any) -> Any:
     try:
         return await protect(_awaited(connection))
     except BaseException:
-        if getattr(connection, "_connection", None) is not None:
+        if connection.sqlite is not None:
             await protect(connection.close())
         raise
 
