@@ -41,10 +41,11 @@ from memorm.compat._sync import BlockingCallError
 from memorm.compat.langgraph_copy import copy_checkpoints
 from memorm.compat.langgraph_saver import MemormSaver
 from memorm.compat.langgraph_serde import StrictSerializer
-from memorm.compat.langgraph_storage import PAGE
+from memorm.compat.langgraph_storage import DEFAULT_AGENT, PAGE
 from memorm.compat.langgraph_store import AsyncMemormStore, MemormStore
 
 __all__ = [
+    "DEFAULT_AGENT",
     "PAGE",
     "AsyncMemormStore",
     "BlockingCallError",

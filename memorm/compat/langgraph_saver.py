@@ -23,9 +23,11 @@ try:
 except ImportError as error:
     raise missing_extra(__name__, "langgraph", error) from error
 
-from memorm.compat._sync import blocking_flag
+from memorm.compat._open import Opened
+from memorm.compat._sync import blocking_flag, run_off_loop
 from memorm.compat.langgraph_config import Listing, ThreadConfig, checked_run_ids, thread_key, thread_keys
 from memorm.compat.langgraph_serde import StrictSerializer, check_serde
+from memorm.compat.langgraph_storage import DEFAULT_AGENT
 from memorm.compat.langgraph_sync import SyncCheckpointMethods
 from memorm.db import Database
 from memorm.errors import ValidationError
@@ -45,6 +47,8 @@ class MemormSaver(SyncCheckpointMethods):
             connection: each call is one unit of work.
         agent: the memorm agent (or its id) whose sessions the threads are.
             One saver serves one agent; make one per agent (they are cheap).
+            None: the agent named `"langgraph"` (of the view's tenant), made
+            by the saver's first write.
         serde: the serializer (default: `StrictSerializer(allowed_types=...)`,
             LangGraph's msgpack, building only the types LangGraph's graphs
             store and `allowed_types`).  One that would run code from data
@@ -97,7 +101,7 @@ class MemormSaver(SyncCheckpointMethods):
         self,
         db: Database,
         *,
-        agent: Agent | uuid.UUID | str,
+        agent: Agent | uuid.UUID | str | None = None,
         serde: SerializerProtocol | None = None,
         allowed_types: Iterable[AllowedType] | None = None,
         ttl: timedelta | float | None = None,
@@ -115,7 +119,9 @@ class MemormSaver(SyncCheckpointMethods):
         if not isinstance(db, Database):
             raise ValidationError(f"db: expected a memorm Database, got {type(db).__name__}")
         self.db = db
-        self.agent_id = as_uuid(agent.id if isinstance(agent, Agent) else agent, "agent")
+        self._agent_id = (
+            None if agent is None else as_uuid(agent.id if isinstance(agent, Agent) else agent, "agent")
+        )
         self.ttl = None if ttl is None else check_duration(ttl, "ttl")
         self.allow_blocking = blocking_flag(allow_blocking)
         # Thread key -> session id, of sessions this saver made or found: a write
@@ -125,7 +131,31 @@ class MemormSaver(SyncCheckpointMethods):
         self._large = False  # the last values serialized were large: serialize the next in a thread
 
     def __repr__(self) -> str:
-        return f"MemormSaver(agent={self.agent_id})"
+        return f"MemormSaver(agent={self._agent_id or DEFAULT_AGENT})"
+
+    @classmethod
+    def from_conn_string(cls, url: str | None = None, **options: Any) -> Opened[MemormSaver]:
+        """A saver on a `Database` of its own at `url`, for a `with` or `async with` block.
+
+        As LangGraph's savers' `from_conn_string`: the block closes the
+        database's connections as it ends; `setup()` (or `await asetup()`)
+        migrates the schema.  `options` are the saver's (`agent`, `serde`,
+        `ttl`, ...); without `agent`, the threads are sessions of the agent
+        named "langgraph".
+        """
+        return Opened(url, lambda db: cls(db, **options))
+
+    async def asetup(self) -> None:
+        """Migrate the database to memorm's newest schema (idempotent), as LangGraph's `setup` makes tables.
+
+        Needs the tables' owner; a deployment that migrates with
+        `memorm db upgrade` need not call it.
+        """
+        await self.db.upgrade()
+
+    def setup(self) -> None:
+        """`asetup` for sync code."""
+        run_off_loop(self, "setup", lambda db: db.upgrade())
 
     def get_next_version(self, current: str | None, channel: None) -> str:
         """The channel's next version: a counter, padded to sort as text, and a random tail.
@@ -147,6 +177,8 @@ class MemormSaver(SyncCheckpointMethods):
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint `config` names (the thread's newest without a `checkpoint_id`), or None."""
         where = ThreadConfig(config)
+        if not await self._known_agent(self.db, make=False):
+            return None
         async with self.db.unit_of_work(read_only=True) as uow:
             found = await uow.checkpoints.find(self.agent_id, where.key, where.ns, where.checkpoint_id)
             if found is None:

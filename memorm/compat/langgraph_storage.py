@@ -22,28 +22,73 @@ except ImportError as error:
 from memorm.compat.langgraph_codec import CheckpointCodec, Loaded, describe_checkpoint
 from memorm.compat.langgraph_config import Listing, ThreadConfig
 from memorm.db import Database
-from memorm.errors import NotFoundError, ValidationError
+from memorm.errors import ConflictError, NotFoundError, ValidationError
 from memorm.repositories.checkpoint_records import CheckpointKey, StoredCheckpoint, StoredWrite, Value
 from memorm.uow import UnitOfWork
 
-__all__ = ["PAGE", "CheckpointStorage"]
+__all__ = ["DEFAULT_AGENT", "PAGE", "CheckpointStorage", "named_agent"]
 
 PAGE = 100
 """Checkpoints read per query when listing."""
 
 _SESSIONS_KEPT = 4096  # threads whose session id a saver remembers (then it starts again)
 
+DEFAULT_AGENT = "langgraph"
+"""The agent whose sessions hold a saver's threads when it is given none (made by its first write)."""
+
+
+async def named_agent(db: Database, name: str, *, make: bool) -> uuid.UUID | None:
+    """The id of `db`'s agent named `name` (of its tenant); made if missing and `make`, else None."""
+    found = await _agent_named(db, name)
+    if found is not None or not make:
+        return found
+    try:
+        async with db.unit_of_work() as uow:
+            return (await uow.agents.create(name)).id
+    except ConflictError:  # another saver made it meanwhile: that one
+        found = await _agent_named(db, name)
+        if found is None:  # made and deleted again meanwhile
+            raise
+        return found
+
+
+async def _agent_named(db: Database, name: str) -> uuid.UUID | None:
+    async with db.unit_of_work(read_only=True) as uow:
+        agent = await uow.agents.get_by_name(name)
+    return None if agent is None else agent.id
+
 
 class CheckpointStorage(CheckpointCodec):
     """The part of `MemormSaver` that reads and writes: its units of work, given checked arguments."""
 
     db: Database
-    agent_id: uuid.UUID
     ttl: timedelta | None
+    _agent_id: uuid.UUID | None  # None: the default agent, until a call has found or made it
     _sessions: dict[str, uuid.UUID]  # thread key -> session id (see `MemormSaver.__init__`)
+
+    @property
+    def agent_id(self) -> uuid.UUID:
+        """The id of the agent whose sessions hold the threads.
+
+        Raises:
+            NotFoundError: the saver was given no agent, and no call has yet
+                found or made its default agent (`DEFAULT_AGENT`).
+        """
+        if self._agent_id is None:
+            raise NotFoundError(f"no agent {DEFAULT_AGENT!r} yet: this saver's first write makes it")
+        return self._agent_id
+
+    async def _known_agent(self, db: Database, *, make: bool) -> bool:
+        """Whether the saver's agent exists (the default one looked up, or made when `make`)."""
+        if self._agent_id is None:
+            self._agent_id = await named_agent(db, DEFAULT_AGENT, make=make)
+        return self._agent_id is not None
 
     async def _page(self, db: Database, query: Listing) -> builtins.list[CheckpointTuple]:
         """The next page of a listing; marks the listing done after its last page."""
+        if not await self._known_agent(db, make=False):
+            query.done = True  # no agent yet, so no checkpoints
+            return []
         size = PAGE if query.left is None else min(PAGE, query.left)
         async with db.unit_of_work(read_only=True) as uow:
             found = await uow.checkpoints.list(
@@ -126,6 +171,7 @@ class CheckpointStorage(CheckpointCodec):
         fails the write (its foreign key): the write runs again in a new unit
         of work, the session looked up anew.
         """
+        await self._known_agent(db, make=True)
         known = self._sessions.get(key)
         # Known, with no expiry to move: the write is the unit of work's one statement.
         alone = known is not None and self.ttl is None
@@ -169,17 +215,21 @@ class CheckpointStorage(CheckpointCodec):
         await self._in_session(db, where.key, write)
 
     async def _delete_thread(self, db: Database, key: str) -> None:
+        if not await self._known_agent(db, make=False):
+            return
         async with db.unit_of_work() as uow:
             chat = await uow.sessions.get_by_key(self.agent_id, key)
             if chat is not None:
                 await uow.checkpoints.delete_session(self.agent_id, chat.id)
 
     async def _delete_runs(self, db: Database, run_ids: builtins.list[str]) -> None:
-        if run_ids:
+        if run_ids and await self._known_agent(db, make=False):
             async with db.unit_of_work() as uow:
                 await uow.checkpoints.delete_runs(self.agent_id, run_ids)
 
     async def _copy_thread(self, db: Database, source: str, target: str) -> None:
+        if not await self._known_agent(db, make=False):
+            return  # no agent, so no source thread
         async with db.unit_of_work() as uow:
             chat = await uow.sessions.get_by_key(self.agent_id, source)
             if chat is None:
@@ -189,6 +239,8 @@ class CheckpointStorage(CheckpointCodec):
                 await uow.checkpoints.copy_session(self.agent_id, chat.id, into)
 
     async def _prune(self, db: Database, thread: str, strategy: str) -> None:
+        if not await self._known_agent(db, make=False):
+            return
         async with db.unit_of_work() as uow:
             chat = await uow.sessions.get_by_key(self.agent_id, thread)
             if chat is None:

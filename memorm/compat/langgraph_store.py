@@ -30,6 +30,8 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from typing_extensions import Self
+
 from memorm.compat._extras import missing_extra
 
 try:
@@ -38,6 +40,7 @@ try:
 except ImportError as error:
     raise missing_extra(__name__, "langgraph", error) from error
 
+from memorm.compat._open import Opened
 from memorm.compat._sync import blocking_flag, run_off_loop
 from memorm.compat.langgraph_store_batch import StoreBatches
 from memorm.compat.langgraph_store_ops import (
@@ -166,6 +169,16 @@ class MemormStore(BaseStore):
         """Whether reads skip expired items not yet swept (read per call, as LangGraph's)."""
         config = self.ttl_config
         return bool(config and config.get("omit_expired"))
+
+    @classmethod
+    def from_conn_string(cls, url: str | None = None, **options: Any) -> Opened[Self]:
+        """A store on a `Database` of its own at `url`, for a `with` or `async with` block.
+
+        As LangGraph's stores' `from_conn_string`: the block closes the
+        database's connections as it ends.  `options` are the store's
+        (`agent`, `index`, `ttl`, ...).
+        """
+        return Opened(url, lambda db: cls(db, **options))
 
     async def asetup(self, *, m: int | None = None, ef_construction: int | None = None) -> None:
         """Build the HNSW index that searches by query use on Postgres (as the tables' owner).
