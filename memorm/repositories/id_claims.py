@@ -34,7 +34,7 @@ from memorm.conflicts import conflict_message
 from memorm.driver import fetch
 from memorm.errors import ConflictError
 from memorm.translate import guarded
-from memorm.types.uuid import UUIDList, in_uuids
+from memorm.types.lists import UUIDList, in_list
 
 if TYPE_CHECKING:
     from memorm.link import Link
@@ -110,7 +110,7 @@ async def _lock(link: Link, keys: list[int], *, shared: bool) -> None:
 @cache
 def _held(table: sa.Table) -> sa.Select[Any]:
     """A row of `table` in the tenant with one of the `ids`, any agent's (one statement per table)."""
-    ids = in_uuids(table.c.id, sa.bindparam("ids", type_=UUIDList()))
+    ids = in_list(table.c.id, sa.bindparam("ids", type_=UUIDList()))
     return sa.select(table.c.id).where(table.c.tenant == sa.bindparam("of_tenant"), ids).limit(1)
 
 

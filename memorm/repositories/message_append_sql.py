@@ -23,7 +23,7 @@ from sqlalchemy.dialects import postgresql
 from memorm.link import Link
 from memorm.models import MESSAGES, SEARCH_WORDS, SESSIONS
 from memorm.repositories.message_queries import _COLUMNS, _FIELDS
-from memorm.types.uuid import UUIDList, in_uuids
+from memorm.types.lists import UUIDList, in_list
 
 __all__ = [
     "ALLOCATE",
@@ -44,7 +44,7 @@ ALLOCATE = (
 ALLOCATE_ROUTED = ALLOCATE.where(SESSIONS.c.agent_id == sa.bindparam("of_agent"))  # the agent known
 FROM_COUNTER = ("agent_id", "seq")  # a folded append's columns that come from the session's counter
 _ONE_ID = MESSAGES.c.id == sa.bindparam("id", type_=MESSAGES.c.id.type)
-_IDS = in_uuids(MESSAGES.c.id, sa.bindparam("ids", type_=UUIDList()))  # any number, one parameter
+_IDS = in_list(MESSAGES.c.id, sa.bindparam("ids", type_=UUIDList()))  # any number, one parameter
 
 
 def claims_ids_first(link: Link) -> bool:
