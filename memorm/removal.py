@@ -11,10 +11,12 @@ from dataclasses import dataclass
 
 from memorm.errors import ValidationError
 
-__all__ = ["DEFAULT_BATCH", "MAX_BATCH", "Removed", "Scrubbed", "check_batch"]
+__all__ = ["DEFAULT_BATCH", "MAX_BATCH", "MAX_KEEP_LAST", "Removed", "Scrubbed", "check_batch"]
 
 DEFAULT_BATCH = 1000
 MAX_BATCH = 100_000
+MAX_KEEP_LAST = 1_000_000
+"""The most checkpoints per namespace of a thread a checkpoint purge may be asked to keep."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,9 @@ class Removed:
     """How many rows of each kind a purge or `forget` deleted (or, in a dry run, would delete).
 
     Cascades count: a deleted session's messages are in `messages`.
+    `checkpoints` counts graph checkpoints a checkpoint purge deleted (their
+    pending writes and the channel values only they held went with them);
+    a session's graph state deleted with the session is not counted.
     `scrubbed` is what the scrub `forget` runs afterwards cleared and
     skipped ([`Scrubbed`][memorm.scrub.Scrubbed]; None when no scrub ran); it
     is not a count, and equality, sums and `as_dict` leave it out.
@@ -56,6 +61,7 @@ class Removed:
     sessions: int = 0
     messages: int = 0
     passages: int = 0
+    checkpoints: int = 0
     scrubbed: Scrubbed | None = dataclasses.field(default=None, compare=False)
 
     def __add__(self, other: Removed) -> Removed:
@@ -64,14 +70,14 @@ class Removed:
     @property
     def total(self) -> int:
         """Rows of every kind together."""
-        return self.agents + self.sessions + self.messages + self.passages
+        return sum(getattr(self, kind) for kind in _COUNTS)
 
     def as_dict(self) -> dict[str, int]:
-        """`{"agents": …, "sessions": …, "messages": …, "passages": …}`."""
+        """`{"agents": …, "sessions": …, "messages": …, "passages": …, "checkpoints": …}`."""
         return {kind: getattr(self, kind) for kind in _COUNTS}
 
 
-_COUNTS = ("agents", "sessions", "messages", "passages")
+_COUNTS = ("agents", "sessions", "messages", "passages", "checkpoints")
 
 
 def check_batch(batch: object) -> int:

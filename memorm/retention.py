@@ -43,13 +43,14 @@ from memorm.errors import NotFoundError
 from memorm.models import AGENTS
 from memorm.progress import Reporter, Silent
 from memorm.removal import DEFAULT_BATCH, Removed, check_batch
+from memorm.repositories.checkpoint_retention import check_retention
 from memorm.scrub import scrub as scrub_database
 from memorm.translate import translating
 from memorm.types import utcnow
 from memorm.uow import UnitOfWork, UnitsOfWork
 from memorm.validation import check_aware, check_flag, check_text
 
-__all__ = ["DEFAULT_BATCH", "Removed", "forget", "purge_expired", "purge_older_than"]
+__all__ = ["DEFAULT_BATCH", "Removed", "forget", "purge_checkpoints", "purge_expired", "purge_older_than"]
 
 _AGENT_PAGE = 1000
 
@@ -140,10 +141,7 @@ async def purge_older_than(
     size = check_batch(batch)
     expired_at = None if after_expired is None else check_aware(after_expired, "after_expired")
     check_flag(dry_run, "dry_run")
-    if check_flag(all_tenants, "all_tenants"):
-        owners = await _agents_of_every_tenant(db, agent)
-    else:
-        owners = [(db.tenant, key) for key in await _agents(db, agent)]
+    owners = await _owners(db, agent, check_flag(all_tenants, "all_tenants"))
     expected = Removed()
     for tenant, agents in groupby(owners, key=lambda owner: owner[0]):
         async with db.unit_of_work(tenant, read_only=True) as uow:
@@ -169,6 +167,49 @@ async def purge_older_than(
             if tally.add(Removed(passages=count)).passages < size:
                 break
     return tally.total
+
+
+async def purge_checkpoints(
+    db: UnitsOfWork,
+    *,
+    keep_last: int | None = None,
+    before: datetime | None = None,
+    agent: str | uuid.UUID | None = None,
+    dry_run: bool = False,
+    reporter: Reporter | None = None,
+    all_tenants: bool = False,
+) -> Removed:
+    """Delete old graph checkpoints (LangGraph's) of every thread, or of one agent's threads.
+
+    In each (sub)graph namespace of a thread the newest checkpoint stays,
+    with the newest `keep_last` and those made at or after `before`, and
+    what a kept checkpoint needs (the parents its `DeltaChannel`s are rebuilt
+    from); the writes and channel values of the deleted ones go with them
+    (see [`uow.checkpoints.purge`][memorm.repositories.checkpoints.CheckpointRepository.purge]).
+    One unit of work per thread; the result's `checkpoints` counts them.
+    The reporter's task is `"threads"`.  Agents as for
+    [`purge_older_than`][memorm.retention.purge_older_than].
+    """
+    last, cutoff = check_retention(keep_last, before)
+    check_flag(dry_run, "dry_run")
+    owners = await _owners(db, agent, check_flag(all_tenants, "all_tenants"))
+    threads: list[tuple[str, uuid.UUID, uuid.UUID]] = []
+    for tenant, agents in groupby(owners, key=lambda owner: owner[0]):
+        async with db.unit_of_work(tenant, read_only=True) as uow:
+            for _, key in agents:
+                threads += [
+                    (tenant, key, thread) for thread in await uow.checkpoints.sessions_with_state(key)
+                ]
+    progress = reporter or Silent()
+    progress.start("threads", len(threads))
+    removed = 0
+    for tenant, key, thread in threads:
+        async with db.unit_of_work(tenant, read_only=dry_run) as uow:
+            removed += await uow.checkpoints.purge(
+                key, thread, keep_last=last, before=cutoff, dry_run=dry_run
+            )
+        progress.advance("threads", 1)
+    return Removed(checkpoints=removed)
 
 
 async def forget(
@@ -208,6 +249,13 @@ async def forget(
     if scrub and removed.total:
         return replace(tally.total, scrubbed=await scrub_database(db, reindex=reindex))
     return tally.total
+
+
+async def _owners(db: UnitsOfWork, agent: str | uuid.UUID | None, every: bool) -> list[tuple[str, uuid.UUID]]:
+    """The `(tenant, id)` of the named agent or of every agent, of `db`'s tenant or of every tenant."""
+    if every:
+        return await _agents_of_every_tenant(db, agent)
+    return [(db.tenant, key) for key in await _agents(db, agent)]
 
 
 async def _agents(db: UnitsOfWork, agent: str | uuid.UUID | None) -> list[uuid.UUID]:

@@ -105,12 +105,22 @@ class _Where(argparse.Action):
         setattr(namespace, self.dest, where)
 
 
+def _whole_number(text: str, most: int) -> int:
+    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= most:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 1 to {most:,}, got {text!r}")
+    return int(text)
+
+
 def _batch(text: str) -> int:
     from memorm.removal import MAX_BATCH
 
-    if not text.isascii() or not text.isdigit() or not 1 <= int(text) <= MAX_BATCH:
-        raise argparse.ArgumentTypeError(f"expected a whole number from 1 to {MAX_BATCH:,}, got {text!r}")
-    return int(text)
+    return _whole_number(text, MAX_BATCH)
+
+
+def _keep_last(text: str) -> int:
+    from memorm.removal import MAX_KEEP_LAST
+
+    return _whole_number(text, MAX_KEEP_LAST)
 
 
 class _Labelled:
@@ -134,14 +144,22 @@ def _summary(removed: Removed, kinds: Sequence[str], *, dry_run: bool) -> None:
 
 
 async def _purge(fail: Callable[[str], NoReturn], args: argparse.Namespace) -> int:
-    if not args.expired and args.older_than is None:
-        fail("give --expired, --older-than DURATION, or both")
-    if args.agent is not None and (args.expired or args.older_than is None):
-        fail("--agent scopes --older-than only (--expired purges every agent's expired sessions)")
+    if args.checkpoints:
+        if args.keep_last is None and args.older_than is None:
+            fail("--checkpoints needs --keep-last N, --older-than DURATION, or both")
+    elif args.keep_last is not None:
+        fail("--keep-last counts checkpoints: give it with --checkpoints")
+    elif not args.expired and args.older_than is None:
+        fail("give --expired, --older-than DURATION, --checkpoints, or a combination")
+    if args.agent is not None and not args.checkpoints and (args.expired or args.older_than is None):
+        fail(
+            "--agent scopes --older-than and --checkpoints only "
+            "(--expired purges every agent's expired sessions)"
+        )
     from memorm.cli.open_database import open_database
     from memorm.cli.progress import Bars, progress_bar
     from memorm.cli.tenant_option import tenant_scope
-    from memorm.retention import Removed, purge_expired, purge_older_than
+    from memorm.retention import Removed, purge_checkpoints, purge_expired, purge_older_than
     from memorm.types import utcnow
 
     batch: dict[str, Any] = {} if args.batch is None else {"batch": args.batch}
@@ -161,7 +179,17 @@ async def _purge(fail: Callable[[str], NoReturn], args: argparse.Namespace) -> i
                     all_tenants=every,
                     **batch,
                 )
-            if cutoff is not None:
+            if args.checkpoints:
+                removed += await purge_checkpoints(
+                    view,
+                    keep_last=args.keep_last,
+                    before=cutoff,
+                    agent=args.agent,
+                    dry_run=args.dry_run,
+                    reporter=_Labelled(bars, "checkpoints of"),
+                    all_tenants=every,
+                )
+            elif cutoff is not None:
                 old = await purge_older_than(
                     view,
                     cutoff,
@@ -175,6 +203,13 @@ async def _purge(fail: Callable[[str], NoReturn], args: argparse.Namespace) -> i
                 removed += old
             if args.scrub and not args.dry_run:
                 await db.scrub()
+    if args.checkpoints:
+        _summary(
+            removed,
+            (["sessions", "messages"] if args.expired else []) + ["checkpoints"],
+            dry_run=args.dry_run,
+        )
+        return 0
     kinds = ["sessions", "messages"] if args.expired else ["messages"]
     _summary(removed, kinds + (["passages"] if cutoff is not None else []), dry_run=args.dry_run)
     return 0
@@ -205,9 +240,10 @@ async def _forget(args: argparse.Namespace) -> int:
 def register(commands: Any) -> None:
     purge = commands.add_parser(
         "purge",
-        help="delete expired sessions and/or history older than a duration",
+        help="delete expired sessions, history older than a duration, or old graph checkpoints",
         description="Delete expired sessions (--expired) and/or messages and archival passages "
-        "created more than DURATION ago (--older-than); with both, expired sessions go first.",
+        "created more than DURATION ago (--older-than); with both, expired sessions go first. "
+        "With --checkpoints, old LangGraph checkpoints instead of messages (--keep-last, --older-than).",
     )
     purge.add_argument("--expired", action="store_true", help="sessions whose expires_at has passed")
     purge.add_argument(
@@ -215,6 +251,19 @@ def register(commands: Any) -> None:
         type=duration,
         metavar="DURATION",
         help="messages and passages created more than DURATION ago: 90m, 12h, 30d, 2w (sessions stay)",
+    )
+    purge.add_argument(
+        "--checkpoints",
+        action="store_true",
+        help="LangGraph's graph state instead of messages: each thread's checkpoints but the newest "
+        "--keep-last N of each namespace and those younger than --older-than (what a kept one "
+        "needs stays)",
+    )
+    purge.add_argument(
+        "--keep-last",
+        type=_keep_last,
+        metavar="N",
+        help="with --checkpoints: the newest checkpoints kept in each namespace of a thread",
     )
     purge.add_argument(
         "--agent",

@@ -39,6 +39,7 @@ except ImportError as error:
 
 from memorm.compat._sync import BlockingCallError
 from memorm.compat.langgraph_copy import copy_checkpoints
+from memorm.compat.langgraph_retention import CheckpointRetention
 from memorm.compat.langgraph_saver import MemormSaver
 from memorm.compat.langgraph_serde import StrictSerializer
 from memorm.compat.langgraph_storage import DEFAULT_AGENT, PAGE
@@ -49,6 +50,7 @@ __all__ = [
     "PAGE",
     "AsyncMemormStore",
     "BlockingCallError",
+    "CheckpointRetention",
     "MemormSaver",
     "MemormStore",
     "StrictSerializer",

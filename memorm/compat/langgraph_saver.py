@@ -26,6 +26,7 @@ except ImportError as error:
 from memorm.compat._open import Opened
 from memorm.compat._sync import blocking_flag, run_off_loop
 from memorm.compat.langgraph_config import Listing, ThreadConfig, checked_run_ids, thread_key, thread_keys
+from memorm.compat.langgraph_retention import CheckpointRetention, ThreadPurges
 from memorm.compat.langgraph_serde import StrictSerializer, check_serde
 from memorm.compat.langgraph_storage import DEFAULT_AGENT
 from memorm.compat.langgraph_sync import SyncCheckpointMethods
@@ -64,6 +65,11 @@ class MemormSaver(SyncCheckpointMethods):
             session expiry to `ttl` from then, so a thread idle that long is
             deleted, with its state, by the next `purge_expired`.  Without
             it, the agent's `retention` applies to new sessions, if any.
+        retention: a `CheckpointRetention`: the saver purges each thread's
+            old checkpoints as it writes (the newest `keep_last` of each
+            namespace stay, or those younger than `max_age`, with what they
+            need), so a long-lived thread's state stops growing.  None: every
+            checkpoint stays until the thread goes.
         allow_blocking: let the sync methods run on a thread whose event loop
             is running, blocking that loop until done.  By default they raise
             `BlockingCallError` there (an `asyncio.InvalidStateError`), as
@@ -105,6 +111,7 @@ class MemormSaver(SyncCheckpointMethods):
         serde: SerializerProtocol | None = None,
         allowed_types: Iterable[AllowedType] | None = None,
         ttl: timedelta | float | None = None,
+        retention: CheckpointRetention | None = None,
         allow_blocking: bool = False,
     ) -> None:
         if serde is None:
@@ -123,6 +130,12 @@ class MemormSaver(SyncCheckpointMethods):
             None if agent is None else as_uuid(agent.id if isinstance(agent, Agent) else agent, "agent")
         )
         self.ttl = None if ttl is None else check_duration(ttl, "ttl")
+        if retention is not None and not isinstance(retention, CheckpointRetention):
+            raise ValidationError(
+                f"retention: expected a CheckpointRetention, got {type(retention).__name__}"
+            )
+        self.retention = retention
+        self._purges = None if retention is None else ThreadPurges(retention)
         self.allow_blocking = blocking_flag(allow_blocking)
         # Thread key -> session id, of sessions this saver made or found: a write
         # needs no lookup.  A session deleted since fails the write's foreign key

@@ -21,6 +21,7 @@ except ImportError as error:
 
 from memorm.compat.langgraph_codec import CheckpointCodec, Loaded, describe_checkpoint
 from memorm.compat.langgraph_config import Listing, ThreadConfig
+from memorm.compat.langgraph_retention import ThreadPurges
 from memorm.db import Database
 from memorm.errors import ConflictError, NotFoundError, ValidationError
 from memorm.repositories.checkpoint_records import CheckpointKey, StoredCheckpoint, StoredWrite, Value
@@ -65,6 +66,7 @@ class CheckpointStorage(CheckpointCodec):
     ttl: timedelta | None
     _agent_id: uuid.UUID | None  # None: the default agent, until a call has found or made it
     _sessions: dict[str, uuid.UUID]  # thread key -> session id (see `MemormSaver.__init__`)
+    _purges: ThreadPurges | None  # with a retention policy: its count of writes per thread
 
     @property
     def agent_id(self) -> uuid.UUID:
@@ -199,6 +201,8 @@ class CheckpointStorage(CheckpointCodec):
             await uow.checkpoints.put(self.agent_id, stored._replace(key=key), blobs)
 
         await self._in_session(db, where.key, write)
+        if self._purges is not None:
+            await self._purges.after_put(db, self.agent_id, where.key, self._sessions.get(where.key))
 
     async def _put_writes(
         self, db: Database, where: ThreadConfig, rows: builtins.list[StoredWrite], replace: bool

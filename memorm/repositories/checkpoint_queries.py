@@ -208,3 +208,13 @@ class CheckpointQueries(Repository):
                     StoredWrite(task, channel, (kind, value), path, idx)
                 )
         return found
+
+    async def sessions_with_state(self, agent_id: uuid.UUID | str) -> builtins.list[uuid.UUID]:
+        """The agent's sessions that hold checkpoints (a graph's threads), in id order."""
+        query = (
+            sa.select(CHECKPOINTS.c.session_id)
+            .where(*self._agent_filter(CHECKPOINTS, agent_id))
+            .distinct()
+            .order_by(CHECKPOINTS.c.session_id)
+        )
+        return [row[0] for row in await self._execute(query)]

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import builtins
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
+from itertools import groupby
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
 from memorm.driver import insert_rows
-from memorm.models import CHECKPOINT_BLOBS, CHECKPOINT_TABLES, CHECKPOINT_WRITES, CHECKPOINTS
+from memorm.models import CHECKPOINT_BLOBS, CHECKPOINT_TABLES, CHECKPOINT_WRITES, CHECKPOINTS, SESSIONS
 from memorm.repositories.checkpoint_queries import CheckpointQueries
 from memorm.repositories.checkpoint_read_statements import KEY_COLUMNS
 from memorm.repositories.checkpoint_records import (
@@ -33,10 +35,15 @@ from memorm.repositories.checkpoint_records import (
     check_state_key,
     checked_key,
 )
+from memorm.repositories.checkpoint_retention import RetainedRow, check_retention, plan_purge
 from memorm.repositories.checkpoint_write_statements import WRITE_COLUMNS, write_checkpoint
+from memorm.repositories.session_locks import lock_sessions
 from memorm.search.filters import json_key_conditions
 from memorm.types import UUIDType, utcnow
-from memorm.validation import MAX_PAGE, as_uuid, check_json_object, check_text
+from memorm.types.lists import TextList, in_list
+from memorm.validation import as_uuid, check_flag, check_json_object, check_text
+
+Place = TypeVar("Place", bound=Hashable)
 
 __all__ = [
     "MAX_STATE_KEY_BYTES",
@@ -141,13 +148,81 @@ class CheckpointRepository(CheckpointQueries):
         return len(doomed)
 
     async def _delete_checkpoints(self, agent_id: uuid.UUID | str, keys: Sequence[CheckpointKey]) -> None:
-        for start in range(0, len(keys), MAX_PAGE):
-            batch = keys[start : start + MAX_PAGE]
+        """Delete these checkpoints and their writes: a list of ids per namespace, which an index finds."""
+        places = (((key.session_id, key.checkpoint_ns), key.checkpoint_id) for key in keys)
+        for (session, ns), ids in _by_place(places):
             for table in (CHECKPOINT_WRITES, CHECKPOINTS):
-                key = (table.c.session_id, table.c.checkpoint_ns, table.c.checkpoint_id)
-                await self._rowcount(
-                    sa.delete(table).where(*self._agent_filter(table, agent_id), sa.tuple_(*key).in_(batch))
-                )
+                in_place = (*self._session_filter(table, agent_id, session), table.c.checkpoint_ns == ns)
+                await self._rowcount(sa.delete(table).where(*in_place, in_list(table.c.checkpoint_id, ids)))
+
+    async def purge(
+        self,
+        agent_id: uuid.UUID | str,
+        session_id: uuid.UUID | str,
+        *,
+        keep_last: int | None = None,
+        before: datetime | None = None,
+        dry_run: bool = False,
+    ) -> int:
+        """Delete a session's old checkpoints, with their writes and the values only they held.
+
+        In each (sub)graph namespace the newest checkpoint stays, with the
+        newest `keep_last` and those made at or after `before`, and the
+        parents a kept checkpoint's `DeltaChannel`s are rebuilt from (see
+        `memorm.repositories.checkpoint_retention`).  Returns the number of
+        checkpoints deleted (that would be, with `dry_run`).  The session is
+        locked first: a concurrent write to it waits for the purge.
+        """
+        last, cutoff = check_retention(keep_last, before)
+        check_flag(dry_run, "dry_run")
+        agent, session = as_uuid(agent_id, "agent_id"), as_uuid(session_id, "session_id")
+        if not dry_run:
+            await lock_sessions(
+                self.link,
+                *self._tenant_filter(SESSIONS),
+                SESSIONS.c.agent_id == agent,
+                SESSIONS.c.id == session,
+            )
+        columns = (
+            CHECKPOINTS.c.checkpoint_ns,
+            CHECKPOINTS.c.checkpoint_id,
+            CHECKPOINTS.c.parent_checkpoint_id,
+            CHECKPOINTS.c.created_at,
+            CHECKPOINTS.c.meta,
+            CHECKPOINTS.c.channel_versions,
+        )
+        found = await self._execute(
+            sa.select(*columns).where(*self._session_filter(CHECKPOINTS, agent, session))
+        )
+        plan = plan_purge([RetainedRow._make(row) for row in found], keep_last=last, before=cutoff)
+        if dry_run or not plan.removed:
+            return len(plan.removed)
+        await self._delete_checkpoints(agent, [CheckpointKey(session, ns, key) for ns, key in plan.removed])
+        for ns, ids in _by_place(plan.orphaned):
+            in_place = (*self._session_filter(CHECKPOINTS, agent, session), CHECKPOINTS.c.checkpoint_ns == ns)
+            await self._rowcount(
+                sa.update(CHECKPOINTS)
+                .where(*in_place, in_list(CHECKPOINTS.c.checkpoint_id, ids))
+                .values(parent_checkpoint_id=None)
+            )
+        blob = (CHECKPOINT_BLOBS.c.checkpoint_ns, CHECKPOINT_BLOBS.c.channel, CHECKPOINT_BLOBS.c.version)
+        of_session = self._session_filter(CHECKPOINT_BLOBS, agent, session)
+        held: builtins.list[Any] = list(await self._execute(sa.select(*blob).where(*of_session)))
+        unused = [
+            ((row[0], row[1]), row[2])  # (namespace, channel), version
+            for row in held
+            if (kept := plan.values_kept.get(row[0], set())) is not None and (row[1], row[2]) not in kept
+        ]
+        for (ns, channel), versions in _by_place(unused):
+            in_place = (
+                *of_session,
+                CHECKPOINT_BLOBS.c.checkpoint_ns == ns,
+                CHECKPOINT_BLOBS.c.channel == channel,
+            )
+            await self._rowcount(
+                sa.delete(CHECKPOINT_BLOBS).where(*in_place, in_list(CHECKPOINT_BLOBS.c.version, versions))
+            )
+        return len(plan.removed)
 
     async def copy_session(
         self, agent_id: uuid.UUID | str, source: uuid.UUID | str, target: uuid.UUID | str
@@ -194,3 +269,16 @@ class CheckpointRepository(CheckpointQueries):
                 *self._session_filter(CHECKPOINT_BLOBS, agent_id, session_id), *unused
             )
         )
+
+
+def _by_place(pairs: Iterable[tuple[Place, str]]) -> Iterator[tuple[Place, sa.BindParameter[Any]]]:
+    """`(place, keys)`: each place (a namespace, say) and its keys, for `in_list(column, keys)`.
+
+    The keys are one parameter (`in_list`): a lookup per key in the primary
+    key, where a list of `(namespace, id)` pairs would be compared with each
+    row, and one statement for any number of keys (many bound parameters
+    cost more to compile and prepare than to delete the rows).
+    """
+    for place, group in groupby(sorted(pairs), key=lambda pair: pair[0]):
+        keys = sa.bindparam("keys", [key for _, key in group], type_=TextList())
+        yield place, keys
