@@ -484,9 +484,9 @@ def _left_out(item: pytest.Item) -> bool:
     if PGBOUNCER and "direct" in item.keywords and "postgres" in item.keywords:
         return True
     if CITUS:  # only Postgres tests on the suite's distributed schemas
-        # The db fixture, or the SDK suites' backend and LangGraph's store suite (a Database
-        # from probes.tagged_database).
-        uses_db = bool({"db", "backend", "_memorm_store"} & set(getattr(item, "fixturenames", ())))
+        # The db fixture, or the SDK suites' backend, LangGraph's store suite and graph suite (a
+        # Database from probes.tagged_database).
+        uses_db = bool({"db", "backend", "_memorm_store", "saver"} & set(getattr(item, "fixturenames", ())))
         return "postgres" not in item.keywords or "single_node" in item.keywords or not uses_db
     return False
 

@@ -11,6 +11,7 @@ cases to collect, marked for memorm's runner.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import os
@@ -22,14 +23,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import pytest
 
 from .fetch import Sdist, UnavailableError, unpacked
 
-__all__ = ["LEFT_OUT", "Suite", "import_tests"]
+__all__ = ["LEFT_OUT", "Suite", "import_tests", "in_worker_thread"]
 
 # The name, in a wrapper module, of its {case: reason} to deselect (conftest.py reads it).
 LEFT_OUT = "UPSTREAM_LEFT_OUT"
+
+
+def in_worker_thread(case: Callable[..., Any]) -> Callable[..., Any]:
+    """An async case that runs the sync ``case`` in a worker thread (it may call ``asyncio.run``)."""
+
+    @functools.wraps(case)
+    async def run(*args: Any, **kwargs: Any) -> Any:
+        return await anyio.to_thread.run_sync(functools.partial(case, *args, **kwargs))
+
+    return run
 
 
 @contextmanager

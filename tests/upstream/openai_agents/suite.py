@@ -8,27 +8,11 @@ are anyio's.  README.md in this folder says why each case left out is.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from typing import Any
-
-import anyio.to_thread
-
 from ..fetch import Sdist
-from ..loader import Suite
+from ..loader import Suite, in_worker_thread
 from .sessions import SQLAlchemySessions, sqlite_session
 
 __all__ = ["AGENTS"]
-
-
-def in_worker_thread(case: Callable[..., Any]) -> Callable[..., Any]:
-    """An async case that runs the sync ``case`` in a worker thread (it may call ``asyncio.run``)."""
-
-    @functools.wraps(case)
-    async def run(*args: Any, **kwargs: Any) -> Any:
-        return await anyio.to_thread.run_sync(functools.partial(case, *args, **kwargs))
-
-    return run
 
 
 # The SDK sessions' own machinery: no name swap gives a MemormSession these.

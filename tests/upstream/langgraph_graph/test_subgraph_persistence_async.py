@@ -1,0 +1,5 @@
+"""LangGraph's `tests/test_subgraph_persistence_async.py` (the `langgraph` sdist) with a `MemormSaver`."""
+
+from .suite import GRAPH
+
+globals().update(GRAPH.cases("test_subgraph_persistence_async"))
