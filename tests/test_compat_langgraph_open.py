@@ -105,3 +105,28 @@ async def test_a_store_from_a_url_is_the_store_on_a_database_of_its_own(plain_ur
     item = await anyio.to_thread.run_sync(read)
     assert item is not None
     assert item.value == {"text": "hello"}
+
+
+async def test_a_store_without_an_agent_keeps_its_items_in_the_default_agent(plain_url: str) -> None:
+    async with Database(plain_url) as db:
+        await db.upgrade()
+        store = MemormStore(db)
+        # No agent yet: reads find nothing and make nothing, and a sweep has nothing to do.
+        assert await store.aget(("notes",), "n1") is None
+        assert await store.asearch(("notes",)) == []
+        assert await store.alist_namespaces() == []
+        assert await store.asweep_ttl() == 0
+        with pytest.raises(NotFoundError, match="first write makes it"):
+            _ = store.agent_id
+        assert await _agents(plain_url) == []
+        # The first write makes the agent named "langgraph", the saver's default too.
+        await store.aput(("notes",), "n1", {"text": "hello"})
+        saver = MemormSaver(db)
+        await counter().compile(checkpointer=saver).ainvoke({"steps": [], "count": 1}, thread("t"))
+        assert saver.agent_id == store.agent_id
+        again = MemormStore(db)  # another process, later
+        item = await again.aget(("notes",), "n1")
+        assert item is not None
+        assert item.value == {"text": "hello"}
+        assert repr(again) == f"MemormStore(agent={store.agent_id})"
+    assert await _agents(plain_url) == ["langgraph"]

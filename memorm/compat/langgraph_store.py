@@ -42,6 +42,7 @@ except ImportError as error:
 
 from memorm.compat._open import Opened
 from memorm.compat._sync import blocking_flag, run_off_loop
+from memorm.compat.langgraph_storage import DEFAULT_AGENT
 from memorm.compat.langgraph_store_batch import StoreBatches
 from memorm.compat.langgraph_store_ops import (
     CheckedOp,
@@ -71,7 +72,10 @@ class MemormStore(BaseStore):
             view keeps the items in that tenant).  A call is one unit of
             work (calls past four at once merge: `abatch`).
         agent: the memorm agent (or its id) whose store this is.  Deleting the
-            agent deletes its items.  One store serves one agent.
+            agent deletes its items.  One store serves one agent.  None: the
+            agent named `"langgraph"` (of the view's tenant), as
+            `MemormSaver`'s default: made by the store's first write; reads
+            find nothing until then.
         index: LangGraph's `IndexConfig` for semantic search: `dims`, `embed`
             (LangChain `Embeddings`, a sync or async function of a list of
             texts, or a provider string), `fields` (paths to embed; default
@@ -121,7 +125,7 @@ class MemormStore(BaseStore):
         self,
         db: Database,
         *,
-        agent: Agent | uuid.UUID | str,
+        agent: Agent | uuid.UUID | str | None = None,
         index: IndexConfig | Mapping[str, Any] | None = None,
         ttl: TTLConfig | Mapping[str, Any] | None = None,
         allow_blocking: bool = False,
@@ -129,18 +133,28 @@ class MemormStore(BaseStore):
         if not isinstance(db, Database):
             raise ValidationError(f"db: expected a memorm Database, got {type(db).__name__}")
         self.db = db
-        self.agent_id = as_uuid(agent.id if isinstance(agent, Agent) else agent, "agent")
+        known = None if agent is None else as_uuid(agent.id if isinstance(agent, Agent) else agent, "agent")
         self._index = None if index is None else StoreIndex(index)
         self.index_config: dict[str, Any] | None = None if index is None else dict(index)
         self.embeddings: Embeddings | None = None if self._index is None else self._index.embeddings
         self.ttl_config = check_ttl_config(ttl)
         self.allow_blocking = blocking_flag(allow_blocking)
-        self._batches = StoreBatches(self.agent_id, self._index, lambda: self._omit_expired)
+        self._batches = StoreBatches(known, self._index, lambda: self._omit_expired)
         self._merged = Merger(self._run_merged, width=_AT_ONCE, most=_MERGED_MOST)
-        self._sweeper = TTLSweeper(repr(self), self.agent_id)
+        self._sweeper = TTLSweeper(repr(self), self._batches.find_agent)
 
     def __repr__(self) -> str:
-        return f"MemormStore(agent={self.agent_id})"
+        return f"MemormStore(agent={self._batches.agent or DEFAULT_AGENT})"
+
+    @property
+    def agent_id(self) -> uuid.UUID:
+        """The id of the agent whose store this is.
+
+        Raises:
+            NotFoundError: the store was given no agent, and no call has yet
+                found or made its default agent (`DEFAULT_AGENT`).
+        """
+        return self._batches.agent_id
 
     # -- the batch ------------------------------------------------------------------
 
@@ -211,11 +225,12 @@ class MemormStore(BaseStore):
 
     async def asweep_ttl(self) -> int:
         """Delete the agent's expired items (with their embeddings), in batches; how many."""
-        return await sweep_expired(self.db, self.agent_id)
+        agent = await self._batches.find_agent(self.db)
+        return 0 if agent is None else await sweep_expired(self.db, agent)
 
     def sweep_ttl(self) -> int:
         """`asweep_ttl` for sync code."""
-        return run_off_loop(self, "sweep_ttl", lambda db: sweep_expired(db, self.agent_id))
+        return run_off_loop(self, "sweep_ttl", lambda _: self.asweep_ttl())
 
     # -- the background sweeper (`memorm.compat.langgraph_store_ttl`) ------------------
 

@@ -21,10 +21,11 @@ try:
 except ImportError as error:
     raise missing_extra(__name__, "langgraph", error) from error
 
+from memorm.compat.langgraph_storage import DEFAULT_AGENT, named_agent
 from memorm.compat.langgraph_store_ops import CheckedOp, CheckedPut, StoreIndex
 from memorm.compat.langgraph_store_reads import as_item, as_search_item, list_namespaces
 from memorm.db import Database
-from memorm.errors import ConflictError, ValidationError
+from memorm.errors import ConflictError, NotFoundError, ValidationError
 from memorm.repositories.store_items import NewItem, StoredItem
 from memorm.translate import transient
 from memorm.types import utcnow
@@ -49,16 +50,38 @@ class StoreBatches:
     """
 
     def __init__(
-        self, agent_id: uuid.UUID, index: StoreIndex | None, omit_expired: Callable[[], bool]
+        self, agent_id: uuid.UUID | None, index: StoreIndex | None, omit_expired: Callable[[], bool]
     ) -> None:
-        self.agent_id = agent_id
+        self.agent = agent_id  # None: the store's default agent, until a call has found or made it
         self.index = index
         self.omit_expired = omit_expired
         # Whether the HNSW index for this store's shape exists (Postgres): asked once, on the first search.
         self.indexed: bool | None = None
 
+    @property
+    def agent_id(self) -> uuid.UUID:
+        """The agent whose store this is (`NotFoundError` before a call has found or made it)."""
+        if self.agent is None:
+            raise NotFoundError(f"no agent {DEFAULT_AGENT!r} yet: this store's first write makes it")
+        return self.agent
+
+    async def find_agent(self, db: Database, *, make: bool = False) -> uuid.UUID | None:
+        """The store's agent: the default one looked up (made if missing and `make`), or None."""
+        if self.agent is None:
+            self.agent = await named_agent(db, DEFAULT_AGENT, make=make)
+        return self.agent
+
     async def run_merged(self, db: Database, calls: list[list[CheckedOp]]) -> list[list[Result]]:
-        """The results of calls run together (`Merger`): their operations as one batch."""
+        """The results of calls run together (`Merger`): their operations as one batch.
+
+        Without an agent yet (the default one), a write makes it; reads find nothing.
+        """
+        writes = any(isinstance(op, CheckedPut) for call in calls for op in call)
+        if await self.find_agent(db, make=writes) is None:
+            return [
+                [[] if isinstance(op, (SearchOp, ListNamespacesOp)) else None for op in call]
+                for call in calls
+            ]
         results = await self.run(db, [op for call in calls for op in call])
         split, start = [], 0
         for call in calls:

@@ -15,7 +15,7 @@ import concurrent.futures
 import logging
 import threading
 import uuid
-from collections.abc import Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from typing import Any, cast
 
 import anyio
@@ -103,12 +103,13 @@ class TTLSweeper:
 
     Args:
         label: the store as its log lines name it.
-        agent_id: the agent whose expired items it deletes.
+        find_agent: the agent whose expired items it deletes, found before each
+            sweep (None: no agent yet, nothing to sweep).
     """
 
-    def __init__(self, label: str, agent_id: uuid.UUID) -> None:
+    def __init__(self, label: str, find_agent: Callable[[Database], Awaitable[uuid.UUID | None]]) -> None:
         self.label = label
-        self.agent_id = agent_id
+        self.find_agent = find_agent
         self._running: _RunningSweeper | None = None
         self._lock = threading.Lock()
 
@@ -193,11 +194,14 @@ class TTLSweeper:
         while True:
             await asyncio.sleep(seconds)
             try:
-                await protect(
-                    sweep_expired(db, self.agent_id)
-                )  # stopped meanwhile: this sweep finishes first
+                await protect(self._sweep(db))  # stopped meanwhile: this sweep finishes first
             except MemormError as error:
                 _log.warning("%s: a TTL sweep failed (the next is in %g s): %s", self.label, seconds, error)
+
+    async def _sweep(self, db: Database) -> None:
+        agent = await self.find_agent(db)
+        if agent is not None:
+            await sweep_expired(db, agent)
 
 
 def _settle(future: concurrent.futures.Future[None], task: asyncio.Task[None]) -> None:
