@@ -38,11 +38,12 @@ except ImportError as error:
     raise missing_extra(__name__, "langgraph", error) from error
 
 from memorm.compat._sync import BlockingCallError
+from memorm.compat.langgraph_agent import DEFAULT_AGENT
 from memorm.compat.langgraph_copy import copy_checkpoints
 from memorm.compat.langgraph_retention import CheckpointRetention
 from memorm.compat.langgraph_saver import MemormSaver
 from memorm.compat.langgraph_serde import StrictSerializer
-from memorm.compat.langgraph_storage import DEFAULT_AGENT, PAGE
+from memorm.compat.langgraph_storage import PAGE
 from memorm.compat.langgraph_store import AsyncMemormStore, MemormStore
 
 __all__ = [

@@ -25,16 +25,16 @@ except ImportError as error:
 
 from memorm.compat._open import Opened
 from memorm.compat._sync import blocking_flag, run_off_loop
+from memorm.compat.langgraph_agent import AgentRef
 from memorm.compat.langgraph_config import Listing, ThreadConfig, checked_run_ids, thread_key, thread_keys
 from memorm.compat.langgraph_retention import CheckpointRetention, ThreadPurges
 from memorm.compat.langgraph_serde import StrictSerializer, check_serde
-from memorm.compat.langgraph_storage import DEFAULT_AGENT
 from memorm.compat.langgraph_sync import SyncCheckpointMethods
 from memorm.db import Database
 from memorm.errors import ValidationError
 from memorm.graph_values import AllowedType
 from memorm.models import Agent
-from memorm.validation import as_uuid, check_duration, shown
+from memorm.validation import check_duration, shown
 
 __all__ = ["MemormSaver"]
 
@@ -126,9 +126,7 @@ class MemormSaver(SyncCheckpointMethods):
         if not isinstance(db, Database):
             raise ValidationError(f"db: expected a memorm Database, got {type(db).__name__}")
         self.db = db
-        self._agent_id = (
-            None if agent is None else as_uuid(agent.id if isinstance(agent, Agent) else agent, "agent")
-        )
+        self._agent = AgentRef(agent, "saver")
         self.ttl = None if ttl is None else check_duration(ttl, "ttl")
         if retention is not None and not isinstance(retention, CheckpointRetention):
             raise ValidationError(
@@ -144,7 +142,7 @@ class MemormSaver(SyncCheckpointMethods):
         self._large = False  # the last values serialized were large: serialize the next in a thread
 
     def __repr__(self) -> str:
-        return f"MemormSaver(agent={self._agent_id or DEFAULT_AGENT})"
+        return f"MemormSaver(agent={self._agent})"
 
     @classmethod
     def from_conn_string(cls, url: str | None = None, **options: Any) -> Opened[MemormSaver]:

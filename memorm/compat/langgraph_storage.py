@@ -19,44 +19,21 @@ try:
 except ImportError as error:
     raise missing_extra(__name__, "langgraph", error) from error
 
+from memorm.compat.langgraph_agent import AgentRef
 from memorm.compat.langgraph_codec import CheckpointCodec, Loaded, describe_checkpoint
 from memorm.compat.langgraph_config import Listing, ThreadConfig
 from memorm.compat.langgraph_retention import ThreadPurges
 from memorm.db import Database
-from memorm.errors import ConflictError, NotFoundError, ValidationError
+from memorm.errors import NotFoundError, ValidationError
 from memorm.repositories.checkpoint_records import CheckpointKey, StoredCheckpoint, StoredWrite, Value
 from memorm.uow import UnitOfWork
 
-__all__ = ["DEFAULT_AGENT", "PAGE", "CheckpointStorage", "named_agent"]
+__all__ = ["PAGE", "CheckpointStorage"]
 
 PAGE = 100
 """Checkpoints read per query when listing."""
 
 _SESSIONS_KEPT = 4096  # threads whose session id a saver remembers (then it starts again)
-
-DEFAULT_AGENT = "langgraph"
-"""The agent whose sessions hold a saver's threads when it is given none (made by its first write)."""
-
-
-async def named_agent(db: Database, name: str, *, make: bool) -> uuid.UUID | None:
-    """The id of `db`'s agent named `name` (of its tenant); made if missing and `make`, else None."""
-    found = await _agent_named(db, name)
-    if found is not None or not make:
-        return found
-    try:
-        async with db.unit_of_work() as uow:
-            return (await uow.agents.create(name)).id
-    except ConflictError:  # another saver made it meanwhile: that one
-        found = await _agent_named(db, name)
-        if found is None:  # made and deleted again meanwhile
-            raise
-        return found
-
-
-async def _agent_named(db: Database, name: str) -> uuid.UUID | None:
-    async with db.unit_of_work(read_only=True) as uow:
-        agent = await uow.agents.get_by_name(name)
-    return None if agent is None else agent.id
 
 
 class CheckpointStorage(CheckpointCodec):
@@ -64,27 +41,19 @@ class CheckpointStorage(CheckpointCodec):
 
     db: Database
     ttl: timedelta | None
-    _agent_id: uuid.UUID | None  # None: the default agent, until a call has found or made it
+    _agent: AgentRef  # the agent given, or the default one once found or made
     _sessions: dict[str, uuid.UUID]  # thread key -> session id (see `MemormSaver.__init__`)
     _purges: ThreadPurges | None  # with a retention policy: its count of writes per thread
 
     @property
     def agent_id(self) -> uuid.UUID:
-        """The id of the agent whose sessions hold the threads.
-
-        Raises:
-            NotFoundError: the saver was given no agent, and no call has yet
-                found or made its default agent (`DEFAULT_AGENT`).
-        """
-        if self._agent_id is None:
-            raise NotFoundError(f"no agent {DEFAULT_AGENT!r} yet: this saver's first write makes it")
-        return self._agent_id
+        """The id of the agent whose sessions hold the threads (`AgentRef.id`: `NotFoundError`
+        while the default agent is not yet found or made)."""
+        return self._agent.id
 
     async def _known_agent(self, db: Database, *, make: bool) -> bool:
         """Whether the saver's agent exists (the default one looked up, or made when `make`)."""
-        if self._agent_id is None:
-            self._agent_id = await named_agent(db, DEFAULT_AGENT, make=make)
-        return self._agent_id is not None
+        return await self._agent.find(db, make=make) is not None
 
     async def _page(self, db: Database, query: Listing) -> builtins.list[CheckpointTuple]:
         """The next page of a listing; marks the listing done after its last page."""

@@ -42,7 +42,7 @@ except ImportError as error:
 
 from memorm.compat._open import Opened
 from memorm.compat._sync import blocking_flag, run_off_loop
-from memorm.compat.langgraph_storage import DEFAULT_AGENT
+from memorm.compat.langgraph_agent import AgentRef
 from memorm.compat.langgraph_store_batch import StoreBatches
 from memorm.compat.langgraph_store_ops import (
     CheckedOp,
@@ -56,7 +56,6 @@ from memorm.concurrency import Merger
 from memorm.db import Database
 from memorm.errors import ValidationError
 from memorm.models import Agent
-from memorm.validation import as_uuid
 
 __all__ = ["AsyncMemormStore", "InvalidNamespace", "MemormStore"]
 
@@ -133,18 +132,18 @@ class MemormStore(BaseStore):
         if not isinstance(db, Database):
             raise ValidationError(f"db: expected a memorm Database, got {type(db).__name__}")
         self.db = db
-        known = None if agent is None else as_uuid(agent.id if isinstance(agent, Agent) else agent, "agent")
+        self._agent = AgentRef(agent, "store")
         self._index = None if index is None else StoreIndex(index)
         self.index_config: dict[str, Any] | None = None if index is None else dict(index)
         self.embeddings: Embeddings | None = None if self._index is None else self._index.embeddings
         self.ttl_config = check_ttl_config(ttl)
         self.allow_blocking = blocking_flag(allow_blocking)
-        self._batches = StoreBatches(known, self._index, lambda: self._omit_expired)
+        self._batches = StoreBatches(self._agent, self._index, lambda: self._omit_expired)
         self._merged = Merger(self._run_merged, width=_AT_ONCE, most=_MERGED_MOST)
-        self._sweeper = TTLSweeper(repr(self), self._batches.find_agent)
+        self._sweeper = TTLSweeper(repr(self), self._agent.find)
 
     def __repr__(self) -> str:
-        return f"MemormStore(agent={self._batches.agent or DEFAULT_AGENT})"
+        return f"MemormStore(agent={self._agent})"
 
     @property
     def agent_id(self) -> uuid.UUID:
@@ -154,7 +153,7 @@ class MemormStore(BaseStore):
             NotFoundError: the store was given no agent, and no call has yet
                 found or made its default agent (`DEFAULT_AGENT`).
         """
-        return self._batches.agent_id
+        return self._agent.id
 
     # -- the batch ------------------------------------------------------------------
 
@@ -225,7 +224,7 @@ class MemormStore(BaseStore):
 
     async def asweep_ttl(self) -> int:
         """Delete the agent's expired items (with their embeddings), in batches; how many."""
-        agent = await self._batches.find_agent(self.db)
+        agent = await self._agent.find(self.db)
         return 0 if agent is None else await sweep_expired(self.db, agent)
 
     def sweep_ttl(self) -> int:

@@ -21,11 +21,11 @@ try:
 except ImportError as error:
     raise missing_extra(__name__, "langgraph", error) from error
 
-from memorm.compat.langgraph_storage import DEFAULT_AGENT, named_agent
+from memorm.compat.langgraph_agent import AgentRef
 from memorm.compat.langgraph_store_ops import CheckedOp, CheckedPut, StoreIndex
 from memorm.compat.langgraph_store_reads import as_item, as_search_item, list_namespaces
 from memorm.db import Database
-from memorm.errors import ConflictError, NotFoundError, ValidationError
+from memorm.errors import ConflictError, ValidationError
 from memorm.repositories.store_items import NewItem, StoredItem
 from memorm.translate import transient
 from memorm.types import utcnow
@@ -43,16 +43,15 @@ class StoreBatches:
     """Runs checked batches of one agent's store (`MemormStore`'s `abatch`, merged by its `Merger`).
 
     Args:
-        agent_id: the agent whose store this is.
+        agent: the agent whose store this is (the default one: found, or made by a write, by the
+            first batch).
         index: the store's checked `IndexConfig` (None: no embeddings).
         omit_expired: whether reads skip expired items not yet swept, asked per
             run (the store's `ttl_config` may change, as LangGraph's).
     """
 
-    def __init__(
-        self, agent_id: uuid.UUID | None, index: StoreIndex | None, omit_expired: Callable[[], bool]
-    ) -> None:
-        self.agent = agent_id  # None: the store's default agent, until a call has found or made it
+    def __init__(self, agent: AgentRef, index: StoreIndex | None, omit_expired: Callable[[], bool]) -> None:
+        self.agent = agent
         self.index = index
         self.omit_expired = omit_expired
         # Whether the HNSW index for this store's shape exists (Postgres): asked once, on the first search.
@@ -60,16 +59,8 @@ class StoreBatches:
 
     @property
     def agent_id(self) -> uuid.UUID:
-        """The agent whose store this is (`NotFoundError` before a call has found or made it)."""
-        if self.agent is None:
-            raise NotFoundError(f"no agent {DEFAULT_AGENT!r} yet: this store's first write makes it")
-        return self.agent
-
-    async def find_agent(self, db: Database, *, make: bool = False) -> uuid.UUID | None:
-        """The store's agent: the default one looked up (made if missing and `make`), or None."""
-        if self.agent is None:
-            self.agent = await named_agent(db, DEFAULT_AGENT, make=make)
-        return self.agent
+        """The agent whose store this is (`AgentRef.id`)."""
+        return self.agent.id
 
     async def run_merged(self, db: Database, calls: list[list[CheckedOp]]) -> list[list[Result]]:
         """The results of calls run together (`Merger`): their operations as one batch.
@@ -77,7 +68,7 @@ class StoreBatches:
         Without an agent yet (the default one), a write makes it; reads find nothing.
         """
         writes = any(isinstance(op, CheckedPut) for call in calls for op in call)
-        if await self.find_agent(db, make=writes) is None:
+        if await self.agent.find(db, make=writes) is None:
             return [
                 [[] if isinstance(op, (SearchOp, ListNamespacesOp)) else None for op in call]
                 for call in calls
