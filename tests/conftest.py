@@ -416,7 +416,9 @@ async def _pgbouncer_template() -> str:
                 try:
                     await admin.execute(f'ALTER DATABASE "{draft}" RENAME TO "{name}"')
                     break
-                except asyncpg.DuplicateDatabaseError:  # another worker's came first
+                # Another worker's came first (a rename racing another's trips the catalog's
+                # unique index rather than the name check).
+                except (asyncpg.DuplicateDatabaseError, asyncpg.UniqueViolationError):
                     await admin.execute(f'DROP DATABASE "{draft}" WITH (FORCE)')
                     break
                 except asyncpg.ObjectInUseError:  # our session to it has not quite left
