@@ -71,23 +71,40 @@ CITUS_SUITE_DATABASE = "memorm_suite" + (
 )
 
 
+@contextmanager
+def _one_worker_at_a_time() -> Iterator[None]:
+    """Hold the run's lock on setting up the cluster's suite databases (a no-op off Citus).
+
+    xdist's workers starting together on a new machine made their databases, and then
+    their extensions, at once: one failed with "tuple concurrently updated" (Citus
+    propagates both to every node), and every test of that worker errored.
+    """
+    if not CITUS:
+        yield
+        return
+    with open(Path(tempfile.gettempdir()) / "memorm-citus-setup.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def _citus_suite_url() -> str:
     """The suite's database on the Citus cluster (made on every node by the recipe; reused)."""
     if CITUS_RECIPE is None:
         raise RuntimeError("MEMORM_TEST_CITUS=1 but the citus-cluster recipe was not found")
-    made = subprocess.run(
-        [str(CITUS_RECIPE), "newdb", CITUS_SUITE_DATABASE], capture_output=True, text=True, check=True
-    )
-    url = make_url(made.stdout.strip().splitlines()[-1])
 
-    async def few_shards() -> None:  # 4 shards a table, not 32: each test distributes a schema
-        connection = await asyncpg.connect(url.render_as_string(hide_password=False), timeout=10)
+    async def few_shards(url: str) -> None:  # 4 shards a table, not 32: each test distributes a schema
+        connection = await asyncpg.connect(url, timeout=10)
         try:
             await connection.execute(f"ALTER DATABASE {CITUS_SUITE_DATABASE} SET citus.shard_count = 4")
         finally:
             await connection.close()
 
-    asyncio.run(few_shards())
+    with _one_worker_at_a_time():
+        made = subprocess.run(
+            [str(CITUS_RECIPE), "newdb", CITUS_SUITE_DATABASE], capture_output=True, text=True, check=True
+        )
+        url = make_url(made.stdout.strip().splitlines()[-1])
+        asyncio.run(few_shards(url.render_as_string(hide_password=False)))
     return url.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False)
 
 
@@ -133,8 +150,9 @@ def postgres_unavailable() -> str | None:
             try:
                 # Installed once in public: per-test schemas share it, and a
                 # test dropping its schema must never drop the extension.
-                await connection.execute("CREATE EXTENSION IF NOT EXISTS vector SCHEMA public")
-                await connection.execute("CREATE EXTENSION IF NOT EXISTS btree_gin SCHEMA public")
+                with _one_worker_at_a_time():
+                    await connection.execute("CREATE EXTENSION IF NOT EXISTS vector SCHEMA public")
+                    await connection.execute("CREATE EXTENSION IF NOT EXISTS btree_gin SCHEMA public")
             finally:
                 await connection.close()
             if PGBOUNCER:  # and PgBouncer in front of it
