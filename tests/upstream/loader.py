@@ -127,6 +127,27 @@ class Suite:
         }
         return found
 
+    @contextmanager
+    def importable(self, case: Callable[..., Any]) -> Iterator[types.ModuleType]:
+        """The upstream module of ``case``, importable by its own name (``tests.<module>``) meanwhile.
+
+        Upstream runs its cases with its modules imported; a value that names a class
+        of one (a pickle-free serializer's ``(module, name)``) loads it from there.
+        ``import_tests`` took them back out of ``sys.modules``; this puts one in for a case.
+        """
+        name = inspect.unwrap(case).__module__
+        module = (self._loaded or {}).get(name.removeprefix("tests."))
+        if module is None or module.__name__ != name:
+            raise LookupError(f"{name} is not a module of {self.sdist.spec}")
+        taken = sys.modules.get(name)
+        assert taken in (None, module), f"{name} names another module here"
+        sys.modules[name] = module
+        try:
+            yield module
+        finally:
+            if taken is None:
+                del sys.modules[name]
+
     def _marked(self, name: str, case: Callable[..., Any]) -> Callable[..., Any]:
         marks = [mark for mark in getattr(case, "pytestmark", []) if mark.name != "asyncio"]
         if self.wrap is not None and not inspect.iscoroutinefunction(case):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -11,15 +11,40 @@ from probes import tagged_database
 
 from memorm.compat.langgraph import MemormSaver
 
+from .suite import ALLOWS_OWN_TYPES, GRAPH
+
 
 @pytest.fixture
-async def saver(store: Store) -> AsyncIterator[MemormSaver]:
+def own_types(request: pytest.FixtureRequest) -> Iterator[list[type]]:
+    """The state types memorm is told to load for the case, with its upstream module importable.
+
+    memorm loads only the types LangGraph's graphs store and those a caller allows
+    (`allowed_types=`).  A `StateGraph` allows its state's types itself (LangGraph's
+    `with_allowlist`), so its cases get none here; a functional `entrypoint` does so
+    only under `LANGGRAPH_STRICT_MSGPACK`, so the cases in `ALLOWS_OWN_TYPES` (a
+    pydantic entrypoint state) allow their module's classes, as memorm's docs tell a
+    user to.  The module is importable by its name while the case runs, as under
+    upstream's own runner, for the loader to find the class a value names.
+    """
+    with GRAPH.importable(request.function) as module:
+        if request.function.__name__ not in ALLOWS_OWN_TYPES:
+            yield []
+            return
+        yield [
+            value
+            for value in vars(module).values()
+            if isinstance(value, type) and value.__module__ == module.__name__
+        ]
+
+
+@pytest.fixture
+async def saver(store: Store, own_types: list[type]) -> AsyncIterator[MemormSaver]:
     """A saver of a new agent on a fresh memorm database (a SQLite file or a Postgres schema)."""
     _, db = await tagged_database(store)
     try:
         async with db.unit_of_work() as uow:
             agent = await uow.agents.create("langgraph-graph-tests")
-        yield MemormSaver(db, agent=agent.id)
+        yield MemormSaver(db, agent=agent.id, allowed_types=own_types)
     finally:
         await db.dispose()
 
@@ -43,7 +68,7 @@ def durability(request: pytest.FixtureRequest) -> str:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark this folder's cases `long`: ~490 graphs on two engines take minutes (.ci/run runs them
+    """Mark this folder's cases `long`: ~830 graphs on two engines take minutes (.ci/run runs them
     in a lane of their own, on SQLite, Postgres and the Citus cluster)."""
     here = Path(__file__).parent
     for item in items:

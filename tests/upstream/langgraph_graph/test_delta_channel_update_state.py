@@ -1,0 +1,5 @@
+"""LangGraph's `tests/test_delta_channel_update_state.py` (the `langgraph` sdist) with a `MemormSaver`."""
+
+from .suite import GRAPH
+
+globals().update(GRAPH.cases("test_delta_channel_update_state"))
