@@ -505,8 +505,10 @@ def _left_out(item: pytest.Item) -> bool:
         return True
     if CITUS:  # only Postgres tests on the suite's distributed schemas
         # The db fixture, or the SDK suites' backend, LangGraph's store suite and graph suite (a
-        # Database from probes.tagged_database).
-        uses_db = bool({"db", "backend", "_memorm_store", "saver"} & set(getattr(item, "fixturenames", ())))
+        # Database from probes.tagged_database, for a saver, a store or both).
+        uses_db = {"db", "backend", "_memorm_store", "graph_database"} & set(
+            getattr(item, "fixturenames", ())
+        )
         return "postgres" not in item.keywords or "single_node" in item.keywords or not uses_db
     return False
 

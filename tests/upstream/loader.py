@@ -69,9 +69,18 @@ def _upstream_tests_package(root: Path, stubs: Mapping[str, types.ModuleType]) -
 def import_tests(
     root: Path, names: list[str], stubs: Mapping[str, types.ModuleType]
 ) -> dict[str, types.ModuleType]:
-    """The modules ``tests.<name>`` of the tree at ``root`` (``stubs``: modules lent for the import only)."""
+    """The modules ``tests.<name>`` of the tree at ``root`` and the helpers they import, by short name.
+
+    ``stubs``: modules lent for the import only.
+    """
     with _upstream_tests_package(root, stubs):
-        return {name: importlib.import_module(f"tests.{name}") for name in names}
+        for name in names:
+            importlib.import_module(f"tests.{name}")
+        return {
+            name.removeprefix("tests."): module
+            for name, module in sys.modules.items()
+            if name.startswith("tests.") and (getattr(module, "__file__", None) or "").startswith(str(root))
+        }
 
 
 @dataclass
@@ -128,24 +137,23 @@ class Suite:
         return found
 
     @contextmanager
-    def importable(self, case: Callable[..., Any]) -> Iterator[types.ModuleType]:
-        """The upstream module of ``case``, importable by its own name (``tests.<module>``) meanwhile.
+    def importable(self) -> Iterator[None]:
+        """The sdist's modules importable by their own names (``tests.<module>``) meanwhile.
 
         Upstream runs its cases with its modules imported; a value that names a class
         of one (a pickle-free serializer's ``(module, name)``) loads it from there.
-        ``import_tests`` took them back out of ``sys.modules``; this puts one in for a case.
+        ``import_tests`` took them back out of ``sys.modules``; this puts them in for a case.
         """
-        name = inspect.unwrap(case).__module__
-        module = (self._loaded or {}).get(name.removeprefix("tests."))
-        if module is None or module.__name__ != name:
-            raise LookupError(f"{name} is not a module of {self.sdist.spec}")
-        taken = sys.modules.get(name)
-        assert taken in (None, module), f"{name} names another module here"
-        sys.modules[name] = module
+        loaded = {f"tests.{name}": module for name, module in (self._loaded or {}).items()}
+        clash = [name for name in loaded if sys.modules.get(name) not in (None, loaded[name])]
+        if clash:
+            raise LookupError(f"{', '.join(clash)} name other modules here than {self.sdist.spec}'s")
+        added = [name for name in loaded if name not in sys.modules]
+        sys.modules.update({name: loaded[name] for name in added})
         try:
-            yield module
+            yield
         finally:
-            if taken is None:
+            for name in added:
                 del sys.modules[name]
 
     def _marked(self, name: str, case: Callable[..., Any]) -> Callable[..., Any]:

@@ -3,11 +3,11 @@
 The `langgraph` sdist's tests take their checkpointer from the fixtures
 `sync_checkpointer` and `async_checkpointer` (LangGraph's in-memory, SQLite
 and Postgres savers, parametrised); here those fixtures are `conftest.py`'s, a
-`MemormSaver` on a fresh memorm database of each engine.  The modules are every
-one of the sdist's whose cases take a checkpointer and need nothing more (the
-others, `test_pregel*` and `test_large_cases*`, need syrupy and pytest-mock).
-The first five hold the calls issue #31 found `MemormSaver` failing (a listing
-`before` a config that names only a checkpoint id).
+`MemormSaver` on a fresh memorm database of each engine, and `sync_store` /
+`async_store` a `MemormStore` beside it.  The modules are every one of the
+sdist's whose cases take a checkpointer or a store.  The first five hold the
+calls issue #31 found `MemormSaver` failing (a listing `before` a config that
+names only a checkpoint id).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..fetch import Sdist
 from ..loader import Suite, in_worker_thread
 
-__all__ = ["ALLOWS_OWN_TYPES", "GRAPH"]
+__all__ = ["GRAPH", "STRICT_MODE"]
 
 MODULES = [
     "test_time_travel",
@@ -33,13 +33,27 @@ MODULES = [
     "test_interruption",
     "test_pydantic",
     "test_strict_resume",
+    "test_pregel",
+    "test_pregel_async",
+    "test_large_cases",
+    "test_large_cases_async",
 ]
 
-# Cases whose functional `entrypoint` keeps a pydantic state of the module's own: LangGraph
-# allows such types to its serializer only under LANGGRAPH_STRICT_MSGPACK, so their saver is
-# given them (`allowed_types=`), as a memorm user gives theirs.  Every other case's graphs
-# allow their types themselves (`StateGraph`'s `with_allowlist`).
-ALLOWS_OWN_TYPES = frozenset({"test_interrupt_functional_pydantic"})
+# The helpers and syrupy snapshots the modules import and compare with.
+HELPERS = ("any_str", "any_int", "agents", "messages", "fake_chat", "fake_tracer", "memory_assert")
+SNAPSHOTS = ("test_pregel", "test_pregel_async", "test_large_cases")
+
+# Cases whose graph state holds types of their own (pydantic models, dataclasses, LangChain's
+# agent actions): their graphs compile as under LangGraph's strict mode, which hands the saver
+# the types the state schema names (`with_allowlist`); memorm loads no other (conftest.py).
+STRICT_MODE = frozenset(
+    {
+        "test_interrupt_functional_pydantic",
+        "test_in_one_fan_out_state_graph_waiting_edge_custom_state_class_pydantic_input",
+        "test_conditional_state_graph",
+        "test_conditional_graph_state",
+    }
+)
 
 GRAPH = Suite(
     Sdist(
@@ -48,8 +62,8 @@ GRAPH = Suite(
         sha256="86b0dd611b7201cb393da2de0e064029c1bef520f11a5e6ee04be53c2a815bc7",
         members=(
             "tests/__init__.py",
-            "tests/any_str.py",
-            "tests/any_int.py",
+            *(f"tests/{helper}.py" for helper in HELPERS),
+            *(f"tests/__snapshots__/{module}.ambr" for module in SNAPSHOTS),
             *(f"tests/{module}.py" for module in MODULES),
         ),
     ),

@@ -1,0 +1,5 @@
+"""LangGraph's `tests/test_pregel.py` (the `langgraph` sdist) with memorm's saver and store."""
+
+from .suite import GRAPH
+
+globals().update(GRAPH.cases("test_pregel"))
