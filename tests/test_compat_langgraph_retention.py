@@ -249,19 +249,31 @@ async def test_a_delta_channel_keeps_the_parents_it_is_rebuilt_from(db: Database
     assert (await graph.ainvoke({"log": ["more"]}, thread("t")))["log"][-2:] == ["more", "step12"]
 
 
-async def test_a_fork_keeps_its_branch_and_the_checkpoint_it_forked_from(db: Database) -> None:
+async def test_a_fork_keeps_its_branch_back_to_the_edit_it_is_rebuilt_from(db: Database) -> None:
     agent, session, graph = await _graph_thread(db, delta_graph(), runs=10)
     history = [snapshot async for snapshot in graph.aget_state_history(thread("t"))]
-    old = history[-6]  # a checkpoint of the second run
+    old = history[-8]  # the third run's input: one log update past a snapshot
+    assert old.metadata is not None
+    assert old.metadata["counters_since_delta_snapshot"]["log"][0] == 1
     forked = await graph.aupdate_state(old.config, {"log": ["forked"]})
     await graph.ainvoke(None, forked)
     states = await _states(graph)
-    assert await _purge(db, agent, session, keep_last=1) > 0
+    head, edit = [snapshot async for snapshot in graph.aget_state_history(thread("t"), limit=2)]
+    assert edit.parent_config is not None
+    assert edit.parent_config["configurable"]["checkpoint_id"] == old.config["configurable"]["checkpoint_id"]
+    # LangGraph writes the edit with the log's whole value (no counters: a snapshot), so the
+    # branch needs nothing it forked from; the head holds one update past the edit, so its
+    # log is rebuilt from the edit.
+    assert head.metadata is not None
+    assert edit.metadata is not None
+    assert "counters_since_delta_snapshot" not in edit.metadata
+    assert "log" in head.metadata["counters_since_delta_snapshot"]
+    assert await _purge(db, agent, session, keep_last=1) == len(states) - 2
     after = await _states(graph)
-    head = next(iter(after))
-    assert after[head] == states[head]
-    assert after[head][0]["log"][-1] == "forked"
+    ids = [snapshot.config["configurable"]["checkpoint_id"] for snapshot in (head, edit)]
+    assert list(after) == [("", checkpoint) for checkpoint in ids]
     assert all(after[key] == states[key] for key in after)
+    assert after["", ids[0]][0]["log"][-3:] == ["in2", "forked", "step2"]
 
 
 async def test_an_age_keeps_the_young_and_subgraphs_keep_their_newest(db: Database) -> None:
