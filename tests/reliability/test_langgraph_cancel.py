@@ -30,7 +30,8 @@ from conftest import ENGINES, Store
 
 from memorm import Database
 from memorm.compat.langchain import adispose_sync
-from memorm.compat.langgraph import MemormSaver
+from memorm.compat.langgraph import CheckpointRetention, MemormSaver
+from memorm.retention import purge_checkpoints
 from reliability.test_cancellation import KINDS, assert_clean, cancel_after, loop_errors, settle
 
 pytestmark = [pytest.mark.anyio, pytest.mark.reliability, pytest.mark.long]
@@ -206,6 +207,88 @@ async def test_a_cancelled_aput_writes_stores_all_of_a_tasks_writes_or_none(
     assert len(found.pending_writes or []) == WRITES * len(counts)
     await saver.aput_writes(config, writes[:1], "after")  # type: ignore[arg-type]
     assert (await _rows(db, "SELECT count(*) FROM graph_writes WHERE task_id = 'after'")) == [(1,)]
+
+
+async def _thread_counts(db: Database) -> dict[str, int]:
+    """Checkpoints per thread (session key), each checked whole: every channel value of each is there."""
+    checkpoints = await _rows(
+        db,
+        "SELECT s.key, c.checkpoint_id FROM graph_checkpoints c JOIN sessions s ON s.id = c.session_id",
+    )
+    blobs = await _rows(
+        db,
+        "SELECT s.key, b.channel, b.version FROM graph_blobs b JOIN sessions s ON s.id = b.session_id",
+    )
+    assert sorted(blobs) == sorted(
+        (key, channel, _version(int(checkpoint))) for key, checkpoint in checkpoints for channel in CHANNELS
+    )
+    counts: dict[str, int] = {}
+    for key, _ in checkpoints:
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+PURGED_THREADS = 2  # per attempt, each of PURGED_RUNS checkpoints, purged to PURGED_KEEP
+PURGED_RUNS = 6
+PURGED_KEEP = 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("engine", ENGINES, indirect=True)
+async def test_a_cancelled_checkpoint_purge_removes_each_thread_whole_or_not_at_all(
+    db: Database, store: Store, kind: str
+) -> None:
+    # Each attempt purges an agent of its own: two threads, six checkpoints each (one unit of work
+    # per thread, so a cut can fall between them).
+    agents = []
+    for n in range(ATTEMPTS + 3):
+        saver = await _saver(db)
+        agents.append(saver.agent_id)
+        for thread in range(PURGED_THREADS):
+            for m in range(1, PURGED_RUNS + 1):
+                await _put(saver, f"p{n}-{thread}", m, size=200)
+    finished: set[int] = set()
+
+    async def purge(n: int) -> None:
+        removed = await purge_checkpoints(db, keep_last=PURGED_KEEP, agent=agents[n])
+        assert removed.checkpoints == PURGED_THREADS * (PURGED_RUNS - PURGED_KEEP)
+        finished.add(n)
+
+    await cancel_each(db, store, kind, purge)
+    counts = await _thread_counts(db)
+    assert set(counts.values()) <= {PURGED_RUNS, PURGED_KEEP}  # a thread is purged whole, or not at all
+    assert {int(key[1:].split("-")[0]) for key, count in counts.items() if count == PURGED_RUNS}.isdisjoint(
+        finished
+    )
+    assert PURGED_RUNS in counts.values()  # some were cut short before their thread's turn
+    await purge_checkpoints(db, keep_last=PURGED_KEEP)  # a rerun finishes the rest
+    assert set((await _thread_counts(db)).values()) == {PURGED_KEEP}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("engine", ENGINES, indirect=True)
+async def test_a_cancelled_aput_of_a_saver_that_purges_leaves_whole_checkpoints(
+    db: Database, store: Store, kind: str
+) -> None:
+    # Retention after every write: the write and the purge are units of work of their own, and a
+    # cut between them leaves the thread one purge behind, never half-purged.
+    retention = CheckpointRetention(keep_last=PURGED_KEEP, every=1)
+    saver = MemormSaver(db, agent=(await _saver(db)).agent_id, retention=retention)
+    finished: set[int] = set()
+
+    async def put(n: int) -> None:
+        for m in range(n * BURST, (n + 1) * BURST):
+            await _put(saver, "t", m, size=200)
+            finished.add(m)
+
+    await cancel_each(db, store, kind, put)
+    stored = {int(row[0]) for row in await _rows(db, "SELECT checkpoint_id FROM graph_checkpoints")}
+    assert (await _thread_counts(db))["t"] == len(stored)  # each whole
+    assert max(finished) in stored
+    last = (ATTEMPTS + 3) * BURST
+    await _put(saver, "t", last, size=200)  # the next write purges what is left over
+    after = sorted(int(row[0]) for row in await _rows(db, "SELECT checkpoint_id FROM graph_checkpoints"))
+    assert after == sorted(stored | {last})[-PURGED_KEEP:]
 
 
 @pytest.mark.parametrize("kind", KINDS)
