@@ -22,6 +22,7 @@ from memorm.types import utcnow
 
 __all__ = [
     "CURRENT",
+    "MemormInMemoryStore",
     "aexpire_now",
     "arow_exists",
     "arun",
@@ -31,7 +32,6 @@ __all__ = [
     "expire_now",
     "expire_now_in",
     "expires_at",
-    "memorm_store",
     "row_exists",
     "run",
     "stored_expires_at",
@@ -44,20 +44,22 @@ __all__ = [
 CURRENT: dict[str, Any] = {}  # the test's memorm database, agent and store class (conftest.py sets them)
 
 
-def memorm_store(**kwargs: Any) -> MemormStore:
+class MemormInMemoryStore(MemormStore):
     """What the suite's `InMemoryStore(**kwargs)` makes: a MemormStore of a new agent, on the test's database.
 
-    Called from sync code or in the test's event loop (whose thread it blocks a moment), as an
+    Made from sync code or in the test's event loop (whose thread it blocks a moment), as an
     `InMemoryStore` is made anywhere.  Its sync methods run anywhere too, as `InMemoryStore`'s do
-    (`allow_blocking`): the suite's coroutine cases call them.
+    (`allow_blocking`): the suite's coroutine cases call them.  A class, as the name it stands
+    for is: the cases that spy on `InMemoryStore.batch` (pytest-mock) spy on memorm's.
     """
 
-    async def create(db: Database) -> Any:
-        async with db.unit_of_work() as uow:
-            return (await uow.agents.create(f"in-memory-{uuid.uuid4().hex[:8]}")).id
+    def __init__(self, **kwargs: Any) -> None:
+        async def create(db: Database) -> Any:
+            async with db.unit_of_work() as uow:
+                return (await uow.agents.create(f"in-memory-{uuid.uuid4().hex[:8]}")).id
 
-    db = CURRENT["db"]
-    return MemormStore(db, agent=BRIDGE.run(db, create), allow_blocking=True, **kwargs)
+        db = CURRENT["db"]
+        super().__init__(db, agent=BRIDGE.run(db, create), allow_blocking=True, **kwargs)
 
 
 def vector_store_on(

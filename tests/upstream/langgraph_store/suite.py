@@ -9,8 +9,6 @@ folder says why each case left out or expected to fail is.
 
 from __future__ import annotations
 
-import importlib.util
-import types
 from typing import Any
 
 from memorm.compat.langgraph import MemormStore
@@ -27,15 +25,6 @@ _PAGINATION = (
     "tests/upstream/langgraph_store/test_pagination.py::test_omit_expired_filters_before_the_page_is_cut "
     "pins the same pages"
 )
-
-
-def _stubs() -> dict[str, types.ModuleType]:
-    """pytest-mock, which the base module imports for cases left out here; memorm does not use it."""
-    if importlib.util.find_spec("pytest_mock") is not None:
-        return {}
-    stub = types.ModuleType("pytest_mock")
-    stub.MockerFixture = Any  # type: ignore[attr-defined]
-    return {"pytest_mock": stub}
 
 
 _POSTGRES_STORE: dict[str, Any] = {
@@ -88,10 +77,6 @@ POSTGRES = Suite(
 )
 
 _HELPERS = "tests LangGraph's own helpers, not a store"
-_SPIES = (
-    "spies on InMemoryStore.batch (pytest-mock); the same refusals are the Postgres modules' "
-    "test_batch_rejects_invalid_namespace_labels and test_abatch_rejects_invalid_namespace_labels"
-)
 
 _BASE_LEFT_OUT = {
     "test_async_batch_store_resilience": f"{_HELPERS} (AsyncBatchedBaseStore)",
@@ -103,8 +88,6 @@ _BASE_LEFT_OUT = {
     "test_get_text_at_path_with_non_dict_mapping": f"{_HELPERS} (get_text_at_path)",
     "test_validate_op_namespace_rejects_invalid_labels": f"{_HELPERS} (validate_op_namespace)",
     "test_validate_op_namespace_allows_empty_prefix_and_wildcards": f"{_HELPERS} (validate_op_namespace)",
-    "test_rejects_invalid_namespace_labels": _SPIES,
-    "test_async_rejects_invalid_namespace_labels": _SPIES,
 }
 
 # langgraph-checkpoint: InMemoryStore's tests (its other modules test checkpointers and serializers).
@@ -116,8 +99,7 @@ BASE = Suite(
         members=("tests/__init__.py", "tests/embed_test_utils.py", "tests/test_store.py"),
     ),
     modules=["test_store"],
-    substitute={"test_store": {"InMemoryStore": kit.memorm_store}},
+    substitute={"test_store": {"InMemoryStore": kit.MemormInMemoryStore}},
     fixtures={"test_store": ["fake_embeddings"]},
     left_out={"test_store": _BASE_LEFT_OUT},
-    stubs=_stubs(),
 )
