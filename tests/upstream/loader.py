@@ -92,7 +92,9 @@ class Suite:
     wrapper keeps (``"conftest.name"``: another module's), ``left_out`` its
     cases deselected, each with the reason.  ``xfail`` maps a case to the
     reason it is expected to fail (not run); ``long`` names the cases that only
-    ``-m long`` runs; ``stubs`` are modules lent to the import only.
+    ``-m long`` runs; ``timed`` those that assert wall-clock latency (marked
+    ``timed``: .ci/run runs them in its timed lanes, where the CPUs are theirs);
+    ``stubs`` are modules lent to the import only.
     """
 
     sdist: Sdist
@@ -102,6 +104,7 @@ class Suite:
     left_out: dict[str, dict[str, str]] = field(default_factory=dict)
     xfail: dict[str, str] = field(default_factory=dict)
     long: frozenset[str] = frozenset()
+    timed: frozenset[str] = frozenset()
     stubs: dict[str, types.ModuleType] = field(default_factory=dict)
     wrap: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None  # applied to the sync cases
     _loaded: dict[str, types.ModuleType] | None = None
@@ -165,6 +168,8 @@ class Suite:
             marks.append(pytest.mark.anyio.mark)
         if name in self.long:
             marks.append(pytest.mark.long.mark)
+        if name in self.timed:
+            marks.append(pytest.mark.timed.mark)
         if name in self.xfail:
             marks.append(pytest.mark.xfail(reason=self.xfail[name], run=False).mark)
         case.pytestmark = marks  # type: ignore[attr-defined]
