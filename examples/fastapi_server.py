@@ -19,6 +19,9 @@ Run it with::
     curl -X POST localhost:8000/agents -H 'content-type: application/json' -H 'X-Tenant: acme' \
         -d '{"name": "sam"}'
 
+``GET /healthz`` is a readiness probe (``Database.health()``): 200 when the
+database answers and its schema is current, 503 otherwise.
+
 The unit-of-work dependency uses ``scope="function"`` (FastAPI 0.121+): the
 unit of work commits before the response is sent, so a failed commit is the
 client's error response rather than a lost write after a 201.
@@ -163,3 +166,13 @@ async def search(
     """Full-text search of the agent's messages, best match first, with the total number of matches."""
     page = await uow.messages.search(agent_id, q, limit=limit, offset=offset)
     return SearchResults(items=page.items, total=page.total)
+
+
+@app.get("/healthz")
+async def healthz(request: Request) -> JSONResponse:
+    """A readiness probe: 200 when the database answers and its schema is current, else 503.
+
+    The body is ``Database.health()``'s figures: latency, schema revision, pool use.
+    """
+    health = await request.app.state.db.health(timeout=2.0)
+    return JSONResponse(health.as_dict(), status_code=200 if health.ok else 503)

@@ -152,11 +152,22 @@ class Backend:
             if not self.schema_ok:
                 await self._check_revision()
                 self.schema_ok = True
-            if not self.role_known:
-                if self.dialect == "postgresql":
-                    self._bypasses_rls = await role_bypasses_rls(self)
-                    self.distributed = await is_distributed(self)
-                self.role_known = True
+            await self._learn_role()
+
+    async def learn_role(self) -> None:
+        """Look up once whether the role bypasses row-level security, and whether the tables are
+        distributed: what a unit of work needs as it opens, without the revision check."""
+        if self.role_known:
+            return
+        async with self._schema_lock:
+            await self._learn_role()
+
+    async def _learn_role(self) -> None:
+        if not self.role_known:
+            if self.dialect == "postgresql":
+                self._bypasses_rls = await role_bypasses_rls(self)
+                self.distributed = await is_distributed(self)
+            self.role_known = True
 
     def schema_changed(self) -> None:
         """A migration ran (or may have, cut short): check the revision before the next unit of work."""

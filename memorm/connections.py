@@ -245,6 +245,11 @@ async def _open_sqlite(connection: SQLiteConnection) -> SQLiteConnection:
     except BaseException:
         if connection.sqlite is not None:
             await protect(connection.close())
+        elif connection._thread.is_alive():
+            # The file could not be opened: aiosqlite told its thread to stop, and the thread
+            # reports that to this loop.  Reported after the loop closed (a short-lived
+            # `asyncio.run`), it would die on "Event loop is closed", with a traceback on stderr.
+            await protect(anyio.to_thread.run_sync(connection._thread.join, _SQLITE_STATEMENT_GRACE))
         raise
 
 

@@ -3,7 +3,8 @@
 A `Database` opens units of work (`unit_of_work`), makes tenant views of
 itself (`for_tenant`) and runs the operations on the whole database:
 migrations (`upgrade`, `downgrade`, `create_all`), distribution on Citus
-(`distribute`), `delete_tenant` and `scrub`.  What its units of work share
+(`distribute`), `delete_tenant` and `scrub`; and it answers readiness probes
+(`health`).  What its units of work share
 (engines and pools, per-dialect connection setup, schema facts, SQLite's
 writer queue, caches) is its [`Backend`][memorm.backend.Backend], which
 tenant views share too.
@@ -27,6 +28,7 @@ from memorm.concurrency import CrossLoopLock
 from memorm.distribute import distribute as distribute_tables
 from memorm.engines import Engines
 from memorm.errors import ValidationError
+from memorm.health import Health, probe
 from memorm.migrate import create_all, downgrade, upgrade
 from memorm.removal import Scrubbed
 from memorm.schema_state import current_revision
@@ -292,6 +294,29 @@ class Database:
             await downgrade(self.backend, revision)
         finally:
             self.backend.schema_changed()
+
+    async def health(self, *, timeout: float = 5.0) -> Health:
+        """A readiness probe's answer: reachable, how fast, the schema's revision, the pools' figures.
+
+        The probe waits its turn at the pool as a read-only unit of work of
+        this view's tenant does, reads the schema's revision on the
+        connection, and gives it back. It raises nothing for the database:
+        an unreachable server, a pool that stays full, or no answer within
+        `timeout` seconds come back as `reachable=False`, with the
+        `memorm.errors` class and message in `error`. A schema behind this
+        memorm's migrations is reachable but not `ok`.
+
+        Example:
+            ```python
+            health = await db.health()
+            if not health.ok:
+                print("not ready:", health.error or f"schema at {health.revision}")
+            ```
+
+        Raises:
+            ValidationError: `timeout` is not a positive number of seconds.
+        """
+        return await probe(self.backend, self.tenant, timeout=timeout)
 
     async def current_revision(self) -> str | None:
         """The schema's alembic revision, or None for a database memorm never set up."""

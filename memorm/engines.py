@@ -179,6 +179,11 @@ class Engines:
             _start(found.watcher)
         return found
 
+    def in_use(self) -> list[LoopEngine]:
+        """The engines of the event loops using this database now."""
+        with self._mutex:
+            return list(self._by_loop.values())
+
     def open_writer(self) -> LoopEngine:
         """The running loop's engine, counting one more writing unit of work open on it.
 

@@ -32,6 +32,7 @@ __all__ = [
     "current_revision",
     "head_revision",
     "is_distributed",
+    "revision_on",
     "role_bypasses_rls",
     "script_location",
     "scripts",
@@ -93,14 +94,17 @@ def head_revision() -> str:
     return head
 
 
+def revision_on(connection: Connection) -> str | None:
+    """The schema's revision, read on `connection`; None where memorm never migrated."""
+    revision: str | None = MigrationContext.configure(connection).get_current_revision()
+    return revision
+
+
 async def current_revision(db: Reachable) -> str | None:
     """The schema's current revision, or None where memorm never migrated."""
     engine = db.engine.execution_options(**{READ_ONLY: True})
     async with engine.connect() as connection:
-        revision: str | None = await connection.run_sync(
-            lambda c: MigrationContext.configure(c).get_current_revision()
-        )
-    return revision
+        return await connection.run_sync(revision_on)
 
 
 async def is_distributed(db: Reachable) -> bool:

@@ -126,6 +126,7 @@ class UnitOfWork:
         tenant: str | None = DEFAULT_TENANT,
         read_only: bool = False,
         one_statement: bool = False,
+        schema_checked: bool = True,
     ) -> None:
         self.backend = backend
         self.tenant = tenant  # None: all tenants (maintenance)
@@ -133,6 +134,8 @@ class UnitOfWork:
         # memorm's own promise that the unit of work sends one statement, which
         # commits with it (`memorm.link`): no BEGIN/COMMIT round trips of its own.
         self.one_statement = one_statement
+        # False: opens at any schema revision (`memorm.health` reads the revision itself).
+        self.schema_checked = schema_checked
         self._open = False
         self._hold = Hold()  # its place among writers, write lock, turn and connection while open
         self._link: Link | None = None
@@ -160,7 +163,10 @@ class UnitOfWork:
     async def __aenter__(self) -> UnitOfWork:
         if self._open:
             raise RuntimeError("this unit of work is already open; make a new one per task")
-        await self.backend.check_schema()
+        if self.schema_checked:
+            await self.backend.check_schema()
+        else:
+            await self.backend.learn_role()
         self._interrupted = False
         if not self.read_only:
             await self._hold.take_write_lock(self.backend)

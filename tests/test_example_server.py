@@ -10,6 +10,9 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+import sqlalchemy as sa
+
+from memorm.schema_state import head_revision, scripts
 
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
@@ -184,3 +187,23 @@ async def test_a_tenant_header_is_read_as_utf8_and_other_bytes_are_422(client: h
     )
     assert latin1.status_code == 422
     assert latin1.json() == {"detail": "tenant: the X-Tenant header is not UTF-8 text"}
+
+
+async def test_healthz_is_200_while_the_schema_is_current_and_503_when_it_is_behind(
+    client: httpx.AsyncClient,
+) -> None:
+    ready = await client.get("/healthz")
+    assert ready.status_code == 200, ready.text
+    body = ready.json()
+    assert body["ok"] is True
+    assert body["revision"] == head_revision()
+    assert body["error"] is None
+    assert body["pool"]["in_use"] == 0
+    assert body["latency"] > 0
+    behind = scripts().get_revision(head_revision()).down_revision
+    db = app.state.db
+    async with db.unit_of_work() as uow:  # another release's deploy moved the schema back
+        await uow.session.execute(sa.text("UPDATE alembic_version SET version_num = :r"), {"r": behind})
+    stale = await client.get("/healthz")
+    assert stale.status_code == 503
+    assert (stale.json()["ok"], stale.json()["revision"], stale.json()["reachable"]) == (False, behind, True)

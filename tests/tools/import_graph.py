@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("memorm.db",),  # the public front: units of work, tenant views, whole-database operations
     # Services that run many units of work or reach the whole database, through a protocol
     # (`memorm.uow.UnitsOfWork`, `memorm.engines.Reachable`), not `Database`.
-    ("memorm.migrate", "memorm.retention", "memorm.tenants", "memorm.roles"),
+    ("memorm.migrate", "memorm.retention", "memorm.tenants", "memorm.roles", "memorm.health"),
     ("memorm.distribute", "memorm.scrub"),
     ("memorm.uow",),
     ("memorm.checkout",),  # what an open unit of work holds: write lock, turn, connection
