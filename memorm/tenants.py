@@ -7,6 +7,8 @@ is importable from here too).
 
 from __future__ import annotations
 
+import time
+
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -38,6 +40,9 @@ __all__ = [
 ]
 
 DELETE_BATCH = 5_000  # rows per DELETE (and per transaction) in delete_tenant
+# On a distributed database, agents minted this shortly before a deletion began may still be
+# committing (node by node) as it looks for orphaned names: their names are left alone.
+_IN_FLIGHT_MS = 60_000
 _NAMES_AT_ONCE = 1_000  # agent ids per statement on the names: far below any driver's limit on parameters
 # Children first: each batch deletes rows no other row still points to.
 _DELETE_ORDER: tuple[sa.Table, ...] = tuple(reversed(DATA_TABLES))
@@ -83,7 +88,9 @@ async def delete_tenant(
     its name and no name taken by an agent that is gone; an agent created
     while the deletion runs is deleted with its name, or keeps both.  Names
     an older memorm's cut-short deletion left without their agent are
-    deleted too.  Full-text entries go with their rows (on SQLite the index
+    deleted too (on a distributed database, those of agents made over a
+    minute before the deletion began: a younger agent may still be
+    committing, node by node).  Full-text entries go with their rows (on SQLite the index
     is merged, as by `forget`), and the in-process vector cache drops the
     tenant's matrices.
     Returns the rows deleted per table (with `dry_run`, the rows there are;
@@ -108,6 +115,7 @@ async def delete_tenant(
     if check_flag(dry_run, "dry_run"):
         return counts
     report = reporter or Silent()
+    started = int(time.time() * 1000)  # as a UUIDv7's clock reads it
     deleted = {table.name: 0 for table in _DELETED}
     for table in _DELETE_ORDER:
         report.start(table.name, counts[table.name])
@@ -124,7 +132,7 @@ async def delete_tenant(
             report.advance(table.name, done)
             if done < size:
                 break
-    await _delete_orphan_names(view, owner, size)
+    await _delete_orphan_names(view, owner, size, minted_before=started - _IN_FLIGHT_MS)
     db.vector_cache.evict_tenant(owner)
     if db.dialect == "sqlite" and (deleted["messages"] or deleted["archival_passages"]):
         async with view.unit_of_work() as uow:
@@ -151,18 +159,26 @@ async def _delete_agents(session: AsyncSession, owner: str, size: int) -> int:
     return len(gone)
 
 
-async def _delete_orphan_names(view: UnitsOfWork, owner: str, size: int) -> None:
+async def _delete_orphan_names(view: UnitsOfWork, owner: str, size: int, *, minted_before: int) -> None:
     """Delete the tenant's names whose agent is gone (left by a deletion of an older memorm, cut short).
 
     A page of names at a time, each page its own transaction: the names are
     read, then their agents looked up, and the names with no agent deleted.
-    An agent created meanwhile comes with its name in one transaction, so
-    the lookup sees it (a name is only ever read with its agent committed).
+    An agent created meanwhile comes with its name in one transaction.  On
+    one server that transaction is seen whole or not at all, so the lookup
+    sees the agent of every name it read.  On a distributed database it may
+    not: the name (a reference table, on every node) and the agent (on its
+    shard) commit node by node, and a reader can see the name before the
+    agent.  So there, only names of agents minted before `minted_before`
+    (the milliseconds of the agent's UUIDv7; ids of another kind always
+    qualify) are taken for orphans: what the older deletion left is older
+    than that, and an agent being made now is not.
     """
     after = ""
     while True:
         async with view.unit_of_work() as uow:
             session = uow.link.session
+            distributed = uow.backend.distributed
             with translating():
                 page = (
                     await session.execute(
@@ -181,10 +197,15 @@ async def _delete_orphan_names(view: UnitsOfWork, owner: str, size: int) -> None
                             )
                         ).scalars()
                     )
-                    if named - alive:
+                    orphans = {
+                        agent
+                        for agent in named - alive
+                        if not distributed or agent.version != 7 or agent.int >> 80 < minted_before
+                    }
+                    if orphans:
                         await session.execute(
                             sa.delete(AGENT_NAMES).where(
-                                AGENT_NAMES.c.tenant == owner, AGENT_NAMES.c.agent_id.in_(named - alive)
+                                AGENT_NAMES.c.tenant == owner, AGENT_NAMES.c.agent_id.in_(orphans)
                             )
                         )
         if len(page) < size:

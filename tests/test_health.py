@@ -117,9 +117,13 @@ async def test_a_pool_that_stays_full_fails_the_probe_after_its_timeout(db: Data
 
 @pytest.mark.parametrize("seconds", [0, -1, math.nan, math.inf, True, "5", None])
 async def test_a_bad_timeout_is_refused_before_any_connection(db: Database, seconds: object) -> None:
-    with pytest.raises(ValidationError, match="timeout"):
-        await db.health(timeout=seconds)  # type: ignore[arg-type]
-    assert pool_figures(db.backend).idle + pool_figures(db.backend).in_use == 0
+    fresh = db.clone()  # a pool of its own, untouched
+    try:
+        with pytest.raises(ValidationError, match="timeout"):
+            await fresh.health(timeout=seconds)  # type: ignore[arg-type]
+        assert pool_figures(fresh.backend).loops == 0  # no event loop's engine was even made
+    finally:
+        await fresh.dispose()
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -20,6 +20,7 @@ import pytest
 import sqlalchemy as sa
 
 from memorm import ConflictError, Database
+from memorm.ids import uuid7
 from memorm.models import AGENT_NAMES, AGENTS
 from memorm.tenants import delete_tenant
 
@@ -151,6 +152,21 @@ async def test_delete_tenant_frees_the_names_an_earlier_deletion_left_without_th
     named, agents = await _names_and_agents(db, "globex")  # another tenant's names are untouched
     assert named == agents
     assert list(agents) == ["ghost"]
+
+
+async def test_a_name_without_its_agent_minted_moments_ago_is_an_orphan_on_one_server_only(
+    db: Database,
+) -> None:
+    # On a distributed database the name (a reference table) and its agent (a shard) commit node
+    # by node: a name whose agent is younger than a minute may be one still being made.
+    async with db.unit_of_work("acme") as uow:
+        await uow.session.execute(
+            sa.insert(AGENT_NAMES).values(tenant="acme", name="young", agent_id=uuid7())
+        )
+    await db.check_schema()  # learns whether the tables are distributed
+    await delete_tenant(db, "acme", batch=1)
+    named, _ = await _names_and_agents(db, "acme")
+    assert list(named) == (["young"] if db.distributed else [])
 
 
 async def test_agents_created_throughout_a_deletion_each_keep_their_name_or_go_with_it(db: Database) -> None:
