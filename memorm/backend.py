@@ -31,6 +31,7 @@ from memorm.routing import SessionAgents
 from memorm.schema_state import current_revision, head_revision, is_distributed, role_bypasses_rls
 from memorm.search.vector_index import connection_setup
 from memorm.search.vector_scan import VectorCache
+from memorm.telemetry import track
 from memorm.tokens import TokenCounter, estimate_tokens
 from memorm.translate import translate
 from memorm.types.json import dumps, loads, loads_jsonb
@@ -76,6 +77,7 @@ class Backend:
         self.session_setup = connection_setup(server_settings) if self.dialect == "postgresql" else None
         # One engine (pool) per event loop that uses this database (memorm.engines).
         self.engines = Engines(self._make_engine, single_loop=in_memory, bridged=self._bridged)
+        track(self.engines, self.url.set(username=None, password=None).render_as_string())  # the pool gauges
         # SQLite has one write lock per file.  Writers of this process queue for it
         # here, first come first served, whatever loop or thread they run on; left
         # to SQLite's busy handler they poll with sleeps of up to 100 ms and starve

@@ -28,6 +28,7 @@ from memorm.backend import Backend
 from memorm.concurrency import CrossLoopLock, Gate, protect
 from memorm.engines import LoopEngine, NeedsBridge, is_closed
 from memorm.errors import DatabaseError, PoolTimeoutError
+from memorm.telemetry import connection_dead
 from memorm.translate import translating
 
 __all__ = ["Hold"]
@@ -80,6 +81,7 @@ class Hold:
     async def replace(self, state: LoopEngine, engine: AsyncEngine) -> PoolProxiedConnection:
         """A live connection in place of the one held, which died at its first trip."""
         dead, self.pooled = self.pooled, None
+        connection_dead()
         if dead is not None:
             await protect(greenlet_spawn(dead.invalidate))
         with translating():
@@ -115,6 +117,7 @@ class Hold:
             if not is_closed(taken.driver_connection):
                 return
             self.pooled = None
+            connection_dead()
             await protect(greenlet_spawn(taken.invalidate))  # closed for good, and checked in
         raise DatabaseError("the connection to the database was lost: every connection opened was closed")
 

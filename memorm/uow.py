@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Generic, Protocol, TypeVar, overload
+from typing import Any, Generic, Protocol, TypeVar, cast, overload
 
 import anyio
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -53,6 +53,8 @@ from memorm.repositories import (
     StoreRepository,
 )
 from memorm.search.vector_scan import VectorCache
+from memorm.telemetry import active
+from memorm.telemetry_spans import Traced, UnitTrace
 from memorm.tenancy import DEFAULT_TENANT
 from memorm.translate import MANAGED, READ_ONLY, translating
 from memorm.unit_state import UnitState
@@ -84,6 +86,8 @@ class _Repository(Generic[R]):
         if instance is None:
             return self
         repository = self.make(instance)  # instance.link raises if the unit of work is not open
+        if instance._trace is not None:  # OpenTelemetry is on: each call in a span of its own
+            repository = cast(R, Traced(repository, self.name, instance._trace))
         instance.__dict__[self.name] = repository  # later reads find it without this call
         return repository
 
@@ -140,6 +144,7 @@ class UnitOfWork:
         self._hold = Hold()  # its place among writers, write lock, turn and connection while open
         self._link: Link | None = None
         self._interrupted = False
+        self._trace: UnitTrace | None = None  # its span and timings, when OpenTelemetry is on
 
     @property
     def link(self) -> Link:
@@ -161,6 +166,25 @@ class UnitOfWork:
         return link.session
 
     async def __aenter__(self) -> UnitOfWork:
+        telemetry = active()
+        if telemetry is None:  # the common case: one check
+            return await self._enter()
+        backend = self.backend
+        self._trace = UnitTrace(telemetry, backend.dialect, backend.url.database, self.read_only, self.tenant)
+        return await self._trace.enter(self._enter())
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        trace, self._trace = self._trace, None
+        if trace is None:
+            return await self._exit(exc_type, exc, tb)
+        await trace.exit(self._exit(exc_type, exc, tb), exc)
+
+    async def _enter(self) -> UnitOfWork:
         if self._open:
             raise RuntimeError("this unit of work is already open; make a new one per task")
         if self.schema_checked:
@@ -179,7 +203,7 @@ class UnitOfWork:
         self._open = True
         return self
 
-    async def __aexit__(
+    async def _exit(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,

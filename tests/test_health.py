@@ -20,7 +20,8 @@ from sqlalchemy.engine import make_url
 
 from memorm import Database
 from memorm.errors import ValidationError
-from memorm.health import Health, pool_figures
+from memorm.health import Health
+from memorm.pool_figures import pool_figures
 from memorm.schema_state import head_revision, scripts
 
 pytestmark = pytest.mark.anyio
@@ -102,7 +103,7 @@ async def test_a_pool_that_stays_full_fails_the_probe_after_its_timeout(db: Data
             await holding.agents.list()
             probing = asyncio.ensure_future(small.health(timeout=0.5))
             await asyncio.sleep(0.1)
-            waiting = pool_figures(small.backend)  # the probe queues for its turn, as units of work do
+            waiting = pool_figures(small.engines)  # the probe queues for its turn, as units of work do
             assert (waiting.in_use, waiting.waiting, waiting.limit) == (1, 1, 1)
             health = await probing
         assert not health.reachable
@@ -121,7 +122,7 @@ async def test_a_bad_timeout_is_refused_before_any_connection(db: Database, seco
     try:
         with pytest.raises(ValidationError, match="timeout"):
             await fresh.health(timeout=seconds)  # type: ignore[arg-type]
-        assert pool_figures(fresh.backend).loops == 0  # no event loop's engine was even made
+        assert pool_figures(fresh.engines).loops == 0  # no event loop's engine was even made
     finally:
         await fresh.dispose()
 
