@@ -74,6 +74,9 @@ class _Options:
     __slots__ = ("meter_provider", "statements", "tenant", "tracer_provider")
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
         self.tracer_provider: Any = None
         self.meter_provider: Any = None
         self.statements = False
@@ -113,7 +116,7 @@ def instrument(
 
 def uninstrument() -> None:
     """Back to the defaults: the global providers, no statement text, no tenant."""
-    _OPTIONS.__init__()  # type: ignore[misc]
+    _OPTIONS.reset()
     _forget()
 
 
