@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import inspect
 import time
 from collections.abc import Awaitable, Callable
@@ -37,7 +36,17 @@ COLLECTIONS = {
 class UnitTrace:
     """One unit of work's span and timings, from `__aenter__` to `__aexit__`."""
 
-    __slots__ = ("attributes", "counting", "entered", "previous", "read_only", "span", "started", "telemetry")
+    __slots__ = (
+        "_context",
+        "attributes",
+        "counting",
+        "entered",
+        "previous",
+        "read_only",
+        "span",
+        "started",
+        "telemetry",
+    )
 
     def __init__(
         self, telemetry: Telemetry, dialect: str, namespace: str | None, read_only: bool, tenant: str | None
@@ -56,9 +65,16 @@ class UnitTrace:
             if tracer is None
             else tracer.start_span("memorm.unit_of_work", kind=_client(), attributes=span_attributes)
         )
+        self._context: Any = None
         self.counting = Counting(self.span)
         self.previous = COUNTING.get()
         COUNTING.set((*self.previous, self.counting))
+
+    def context(self) -> Any:
+        """The OpenTelemetry context whose span is this unit of work's (its calls' parent)."""
+        if self._context is None and self.span is not None:
+            self._context = otel_trace.set_span_in_context(self.span)
+        return self._context
 
     async def enter(self, opening: Awaitable[T]) -> T:
         """`opening` (the unit of work's own `__aenter__`), timed until it holds its connection."""
@@ -100,8 +116,7 @@ class UnitTrace:
             telemetry.meter.unit_duration.record(time.perf_counter() - self.started, attributes)
         span = self.span
         if span is not None:
-            span.set_attribute("memorm.outcome", outcome)
-            span.set_attribute("memorm.statements", self.counting.statements)
+            span.set_attributes({"memorm.outcome": outcome, "memorm.statements": self.counting.statements})
             if kind is not None and error is not None:
                 _fail(span, error, kind)
             span.end()
@@ -139,36 +154,69 @@ class Traced:
 
     def __getattr__(self, attribute: str) -> Any:
         found = getattr(self._repository, attribute)
-        if attribute.startswith("_") or not inspect.iscoroutinefunction(found):
+        if not _traced(type(self._repository), attribute, found):
             return found
-        wrapped = _traced_call(found, self._name, attribute, self._trace)
+        wrapped = _Call(found, self._name, attribute, self._trace)
         self.__dict__[attribute] = wrapped
         return wrapped
 
 
-def _traced_call(
-    method: Callable[..., Any], repository: str, operation: str, unit: UnitTrace
-) -> Callable[..., Any]:
-    telemetry = unit.telemetry
-    attributes = {
-        **unit.attributes,
-        "db.operation.name": operation,
-        "db.collection.name": COLLECTIONS.get(repository, repository),
-    }
-    name = f"memorm.{repository}.{operation}"
+_TRACED: dict[tuple[type, str], bool] = {}  # (repository class, attribute): whether its calls get spans
 
-    @functools.wraps(method)
-    async def call(*args: Any, **kwargs: Any) -> Any:
+
+def _traced(kind: type, attribute: str, found: Any) -> bool:
+    known = _TRACED.get((kind, attribute))
+    if known is None:
+        known = _TRACED[(kind, attribute)] = not attribute.startswith("_") and inspect.iscoroutinefunction(
+            found
+        )
+    return known
+
+
+_ATTRIBUTES: dict[tuple[Any, ...], dict[str, Any]] = {}  # built once per shape: the SDK hashes them
+
+
+def _attributes(*key: Any) -> dict[str, Any]:
+    """The attributes `(dialect, namespace, repository, operation[, error])` name, made once."""
+    found = _ATTRIBUTES.get(key)
+    if found is None:
+        dialect, namespace, repository, operation, *error = key
+        found = _ATTRIBUTES[key] = {
+            "db.system.name": dialect,
+            "db.namespace": namespace,
+            "db.operation.name": operation,
+            "db.collection.name": COLLECTIONS.get(repository, repository),
+            **({"error.type": error[0]} if error else {}),
+        }
+    return found
+
+
+class _Call:
+    """One repository method of one unit of work, each call in a span of its own and timed."""
+
+    __slots__ = ("key", "method", "name", "unit")
+
+    def __init__(self, method: Callable[..., Any], repository: str, operation: str, unit: UnitTrace) -> None:
+        self.method = method
+        self.unit = unit
+        self.name = f"memorm.{repository}.{operation}"
+        base = unit.attributes
+        self.key = (base["db.system.name"], base["db.namespace"], repository, operation)
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        unit = self.unit
+        telemetry = unit.telemetry
         started = time.perf_counter()
         span = None
         if telemetry.tracer is not None:
-            parent = None if unit.span is None else otel_trace.set_span_in_context(unit.span)
-            span = telemetry.tracer.start_span(name, context=parent, kind=_client(), attributes=attributes)
+            span = telemetry.tracer.start_span(
+                self.name, context=unit.context(), kind=_client(), attributes=_attributes(*self.key)
+            )
         counting = Counting(span)
         outer = COUNTING.set((*COUNTING.get(), counting))
         error: BaseException | None = None
         try:
-            result = await method(*args, **kwargs)
+            result = await self.method(*args, **kwargs)
         except BaseException as raised:
             error = raised
             raise
@@ -176,20 +224,18 @@ def _traced_call(
             COUNTING.reset(outer)
             kind = None if error is None or not isinstance(error, Exception) else type(error).__name__
             if telemetry.meter is not None:
-                recorded = attributes if kind is None else {**attributes, "error.type": kind}
+                recorded = _attributes(*self.key) if kind is None else _attributes(*self.key, kind)
                 telemetry.meter.operation_duration.record(time.perf_counter() - started, recorded)
             if span is not None:
-                span.set_attribute("memorm.statements", counting.statements)
-                if error is None:
-                    rows = _rows(result)
-                    if rows is not None:
-                        span.set_attribute("db.response.returned_rows", rows)
-                elif kind is not None:
+                ended: dict[str, Any] = {"memorm.statements": counting.statements}
+                rows = _rows(result) if error is None else None
+                if rows is not None:
+                    ended["db.response.returned_rows"] = rows
+                span.set_attributes(ended)
+                if kind is not None and error is not None:
                     _fail(span, error, kind)
                 span.end()
         return result
-
-    return call
 
 
 def _rows(result: Any) -> int | None:
