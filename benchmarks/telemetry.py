@@ -11,7 +11,9 @@ memorm series and the raw driver's same window run interleaved:
    goal: at most 5% over 1);
 3. the same with an exporter that drops what it is handed (a span
    processor's cost) and a metric reader, recording the statements' text
-   too (``statements=True``).
+   too (``statements=True``);
+4. the SDK's providers with a sampler that keeps 1% of the traces (no
+   exporter): what a busy server usually runs.
 
 The first row compares memorm with no provider against the raw driver, as
 every benchmark does; the others compare memorm with telemetry on against
@@ -27,6 +29,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
 from benchmarks.chat_memorm import memorm_window
 from benchmarks.core import both_sides, histories
@@ -53,6 +56,12 @@ def _bare() -> dict[str, Any]:
     return {"tracer_provider": TracerProvider(), "meter_provider": MeterProvider()}
 
 
+def _sampled() -> dict[str, Any]:
+    """A tracer keeping one trace in a hundred (its other spans do not record), and a meter."""
+    tracing = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.01)))
+    return {"tracer_provider": tracing, "meter_provider": MeterProvider()}
+
+
 def _exporting() -> dict[str, Any]:
     tracing = TracerProvider()
     tracing.add_span_processor(SimpleSpanProcessor(_Dropped()))
@@ -65,7 +74,7 @@ def _exporting() -> dict[str, Any]:
 async def run_engine(engine: str, *, reads: int) -> list[Row]:
     async with both_sides(engine) as (_, db, raw, agent_id):
         chat = (await histories(db, agent_id, [1_000]))[1_000]
-        bare, exporting = _bare(), _exporting()
+        bare, exporting, sampled = _bare(), _exporting(), _sampled()
 
         async def off() -> None:
             uninstrument()
@@ -79,14 +88,19 @@ async def run_engine(engine: str, *, reads: int) -> list[Row]:
             instrument(**exporting, statements=True)
             await memorm_window(db, chat, 50)
 
+        async def one_in_a_hundred() -> None:
+            instrument(**sampled)
+            await memorm_window(db, chat, 50)
+
         async def baseline() -> None:
             await raw.window(chat, 50)
 
-        series = {name: Samples() for name in ("off", "on", "text", "raw")}
+        series = {name: Samples() for name in ("off", "on", "text", "sampled", "raw")}
         jobs: list[Job] = [
             (series["off"], off),
             (series["on"], on),
             (series["text"], with_text),
+            (series["sampled"], one_in_a_hundred),
             (series["raw"], baseline),
         ]
         try:
@@ -129,6 +143,16 @@ async def run_engine(engine: str, *, reads: int) -> list[Row]:
             rows=50,
             note=f"+{(series['text'].median - series['off'].median) * 1e6:.0f} µs; for reference "
             "(the exporter drops what it is handed)",
+        ),
+        Row(
+            NAME,
+            engine,
+            "window(50) of 1,000, telemetry on (1% of traces sampled, metrics) vs off",
+            series["sampled"],
+            series["off"],
+            rows=50,
+            note=f"+{(series['sampled'].median - series['off'].median) * 1e6:.0f} µs; for reference "
+            "(unsampled spans do not record)",
         ),
     ]
 
