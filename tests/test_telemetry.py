@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import pytest
 import sqlalchemy as sa
 from conftest import ENGINES, Store
@@ -267,3 +270,26 @@ async def test_statements_of_your_own_queries_are_counted_too(db: Database, expo
         await uow.session.execute(sa.text("SELECT 2"))
     (unit,) = exported.finished("memorm.unit_of_work")
     assert unit.attributes["memorm.statements"] >= 2
+
+
+async def test_units_of_work_on_another_loop_in_a_thread_are_traced_apart(
+    db: Database, chat: uuid.UUID, exported: Exported
+) -> None:
+    async def read() -> None:
+        async with db.unit_of_work(read_only=True) as uow:
+            await uow.messages.window(chat)
+        assert COUNTING.get() == ()  # nothing of the unit of work left in this loop's context
+
+    def in_thread() -> None:
+        asyncio.run(read())  # a loop of its own, as a sync framework's worker thread runs one
+
+    thread = threading.Thread(target=in_thread)
+    thread.start()
+    await read()
+    await anyio.to_thread.run_sync(thread.join)
+    units = exported.finished("memorm.unit_of_work")
+    calls = exported.finished("memorm.messages.window")
+    assert len(units) == len(calls) == 2
+    parents = sorted(call.parent.span_id for call in calls if call.parent is not None)
+    assert parents == sorted(unit.context.span_id for unit in units)  # each call under its own unit
+    assert all(unit.attributes["memorm.outcome"] == "commit" for unit in units)
