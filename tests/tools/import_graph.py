@@ -31,7 +31,15 @@ HIDDEN = ("function", "type_checking")
 # A pattern names a module and everything under it; the longest matching pattern wins.
 LAYERS: list[tuple[str, ...]] = [
     # Entry points: the command, framework adapters, whole-database copies, the pytest plugin.
-    ("memorm.cli", "memorm.compat", "memorm.transfer", "memorm.legacy", "memorm.demo", "memorm.testing"),
+    (
+        "memorm.cli",
+        "memorm.compat",
+        "memorm.mcp",
+        "memorm.transfer",
+        "memorm.legacy",
+        "memorm.demo",
+        "memorm.testing",
+    ),
     ("memorm",),  # the package's re-exports
     ("memorm.db",),  # the public front: units of work, tenant views, whole-database operations
     # Services that run many units of work or reach the whole database, through a protocol
