@@ -91,6 +91,8 @@ HELP = [
             ["tenant"],
             ["tenant", "list"],
             ["tenant", "delete"],
+            ["mcp"],
+            ["mcp", "hash-token"],
         )
     ),
 ]

@@ -21,6 +21,9 @@ CASES = [  # adapter module, the extra it needs, a package the extra brings
     ("memorm.compat.langchain", "langchain", "langchain_core"),
     ("memorm.compat.langchain.vectorstore", "langchain", "langchain_core"),
     ("memorm.compat.openai_agents", "openai-agents", "agents"),
+    ("memorm.compat.adk", "adk", "google"),  # ADK is `google.adk`: its top-level package is `google`
+    ("memorm.compat.adk_events", "adk", "google"),
+    ("memorm.mcp.server", "mcp", "mcp"),  # `memorm mcp`: tests/test_mcp.py checks the command's one line
 ]
 
 

@@ -29,7 +29,7 @@ from memorm import __version__
 __all__ = ["COMMANDS", "main"]
 
 # The modules that register subcommands, in the order ``memorm --help`` lists them.
-COMMANDS = ("db", "demo", "inspect", "legacy", "langgraph", "retention", "tenant", "transfer")
+COMMANDS = ("db", "demo", "inspect", "legacy", "langgraph", "mcp", "retention", "tenant", "transfer")
 
 
 def _parser() -> argparse.ArgumentParser:
