@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
 import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
+
+if sys.version_info < (3, 11):  # google-adk needs 3.11; memorm's `adk` extra is marked so
+    pytest.skip("google-adk needs Python 3.11+", allow_module_level=True)
+
 from google.adk.agents import LlmAgent
 from google.adk.errors._stale_session_error import StaleSessionError
 from google.adk.errors.already_exists_error import AlreadyExistsError

@@ -42,6 +42,8 @@ def test_docs_have_examples() -> None:
 def test_page_examples_run_twice(
     page: Path, plain_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    if page.name == "adk.md" and sys.version_info < (3, 11):
+        pytest.skip("google-adk needs Python 3.11+")
     monkeypatch.setenv("MEMORM_DATABASE_URL", plain_url)
     monkeypatch.chdir(tmp_path)
     for run in (1, 2):
