@@ -1,7 +1,7 @@
 """Telemetry: what memorm's OpenTelemetry support costs a unit of work, off and on.
 
 The work is the chat path's hottest read, ``window(limit=50)`` of a session of
-1,000 messages in a read-only unit of work, decoded into objects.  Three
+1,000 messages in a read-only unit of work, decoded into objects.  Five
 memorm series and the raw driver's same window run interleaved:
 
 1. memorm with no provider set (OpenTelemetry's API installed, as with the
@@ -12,29 +12,42 @@ memorm series and the raw driver's same window run interleaved:
 3. the same with an exporter that drops what it is handed (a span
    processor's cost) and a metric reader, recording the statements' text
    too (``statements=True``);
-4. the SDK's providers with a sampler that keeps 1% of the traces (no
+4. providers whose tracer and meter record nothing (the API's no-op
+   tracer and meter behind providers that count as set): memorm's own
+   machinery, the spans' and records' SDK cost left out;
+5. the SDK's providers with a sampler that keeps 1% of the traces (no
    exporter): what a busy server usually runs.
 
 The first row compares memorm with no provider against the raw driver, as
 every benchmark does; the others compare memorm with telemetry on against
 memorm with it off (the "raw" column of those rows is memorm, off).
+
+A chat turn as an agent server makes it (the user's message appended, the
+context read under a 2,000-token budget, the reply appended: three units of
+work) runs with telemetry off and on (no exporter) too, taking turns: the
+goal holds for the chat path, its hottest read and a whole turn.
 """
 
 from __future__ import annotations
 
+import itertools
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from opentelemetry import metrics as otel_metrics
+from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-from benchmarks.chat_memorm import memorm_window
+from benchmarks.chat_memorm import memorm_append, memorm_context, memorm_window, new_session
 from benchmarks.core import both_sides, histories
 from benchmarks.report import Row
 from benchmarks.timing import Samples, interleaved
+from memorm import Database
 from memorm.telemetry import instrument, uninstrument
 
 NAME = "telemetry"
@@ -56,6 +69,25 @@ def _bare() -> dict[str, Any]:
     return {"tracer_provider": TracerProvider(), "meter_provider": MeterProvider()}
 
 
+class _IdleTracing(otel_trace.TracerProvider):
+    """A provider set, whose tracer makes spans that record nothing (the API's no-op tracer)."""
+
+    def get_tracer(self, *args: Any, **kwargs: Any) -> otel_trace.Tracer:
+        return otel_trace.NoOpTracer()
+
+
+class _IdleMetering(otel_metrics.MeterProvider):
+    """A provider set, whose instruments record nothing (the API's no-op meter)."""
+
+    def get_meter(self, name: str, *args: Any, **kwargs: Any) -> otel_metrics.Meter:
+        return otel_metrics.NoOpMeter(name)
+
+
+def _idle() -> dict[str, Any]:
+    """Providers that do nothing with what memorm hands them: memorm's own cost, not the SDK's."""
+    return {"tracer_provider": _IdleTracing(), "meter_provider": _IdleMetering()}
+
+
 def _sampled() -> dict[str, Any]:
     """A tracer keeping one trace in a hundred (its other spans do not record), and a meter."""
     tracing = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.01)))
@@ -75,6 +107,13 @@ def _exporting() -> dict[str, Any]:
 _ON = (
     ("on", _bare, False, "no exporter", "two spans and three metric records a unit of work"),
     ("text", _exporting, True, "an exporter, statement text", "for reference (the exporter drops all)"),
+    (
+        "idle",
+        _idle,
+        False,
+        "providers that record nothing",
+        "memorm's own cost: the SDK's spans and records are the rest of the row above",
+    ),
     (
         "sampled",
         _sampled,
@@ -115,6 +154,7 @@ async def run_engine(engine: str, *, reads: int) -> list[Row]:
             await interleaved([(series[name], work) for name, work in works.items()], reads)
         finally:
             uninstrument()
+        turns = await _turns(db, agent_id, engine, reads)
     off = series["off"]
     rows = [
         Row(
@@ -144,7 +184,47 @@ async def run_engine(engine: str, *, reads: int) -> list[Row]:
                 note=f"+{(series[name].median - off.median) * 1e6:.0f} µs: {note}",
             )
         )
-    return rows
+    return rows + turns
+
+
+async def _turns(db: Database, agent_id: uuid.UUID, engine: str, turns: int) -> list[Row]:
+    """A chat turn's three units of work, telemetry off and on (no exporter), taking turns."""
+    chat = await new_session(db, agent_id)
+    providers = _bare()
+    made = itertools.count()
+
+    def turning(on: bool) -> Callable[[], Awaitable[None]]:
+        async def turn() -> None:
+            if on:
+                instrument(**providers)
+            else:
+                uninstrument()
+            n = next(made)
+            await memorm_append(db, chat, {"role": "user", "content": f"question {n} about the common plan"})
+            await memorm_context(db, chat, 2_000)
+            await memorm_append(db, chat, {"role": "assistant", "content": f"answer {n}: the plan holds"})
+
+        return turn
+
+    try:
+        await interleaved([(Samples(), turning(False)), (Samples(), turning(True))], 20)  # warm-up
+        off, on = Samples(), Samples()
+        await interleaved([(off, turning(False)), (on, turning(True))], turns)
+    finally:
+        uninstrument()
+    return [
+        Row(
+            NAME,
+            engine,
+            "chat turn (append, context 2,000 tokens, append), telemetry on (no exporter) vs off",
+            on,
+            off,
+            rows=3,
+            target=TARGET_ON,
+            goal=ON_GOAL,
+            note=f"+{(on.median - off.median) * 1e6:.0f} µs: three units of work, six spans, nine records",
+        )
+    ]
 
 
 async def run(engines: Sequence[str], *, quick: bool = False) -> list[Row]:
