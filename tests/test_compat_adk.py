@@ -9,6 +9,7 @@ import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
 
+import anyio.to_thread
 import pytest
 
 if sys.version_info < (3, 11):  # google-adk needs 3.11; memorm's `adk` extra is marked so
@@ -657,3 +658,59 @@ async def test_concurrent_appends_to_different_sessions_share_one_database(db: D
     # Every user key of both users' sessions survived the concurrent read-modify-writes.
     assert await service.get_user_state(app_name=APP, user_id="u0") == {"s0": 2, "s2": 2}
     assert await service.get_user_state(app_name=APP, user_id="u1") == {"s1": 2, "s3": 2}
+
+
+# -- cancellation and other loops ---------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["wait_for", "task.cancel"])
+async def test_a_cancelled_append_stores_the_event_and_its_state_whole_or_not_at_all(
+    db: Database, how: str
+) -> None:
+    service = MemormSessionService(db)
+    await service.create_session(app_name=APP, user_id="ana", session_id="s")
+    cut = 0
+    for n in range(12):
+        session = await service.get_session(app_name=APP, user_id="ana", session_id="s")
+        assert session is not None
+        # Whole or nothing: each stored event carried the delta that set `n` to its index.
+        assert session.state.get("n", -1) == len(session.events) - 1
+        append = service.append_event(session, _delta({"n": len(session.events)}, invocation_id=f"i{n}"))
+        try:
+            if how == "wait_for":
+                await asyncio.wait_for(append, timeout=0.0005 * n)
+            else:
+                task = asyncio.ensure_future(append)
+                for _ in range(n):
+                    await asyncio.sleep(0)
+                task.cancel()
+                await task
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            cut += 1
+    assert cut > 0  # some appends were cut short
+    session = await service.get_session(app_name=APP, user_id="ana", session_id="s")
+    assert session is not None
+    assert session.state.get("n", -1) == len(session.events) - 1
+    await service.append_event(session, _delta({"n": len(session.events)}, invocation_id="after"))
+    again = await service.get_session(app_name=APP, user_id="ana", session_id="s")
+    assert again is not None
+    assert again.events[-1].invocation_id == "after"
+
+
+async def test_a_service_is_shared_with_a_second_event_loop_in_a_thread(db: Database) -> None:
+    service = MemormSessionService(db)
+    session = await service.create_session(app_name=APP, user_id="ana", session_id="s")
+    await service.append_event(session, _delta({"from": "main"}, invocation_id="main"))
+
+    async def elsewhere() -> list[str]:
+        there = await service.get_session(app_name=APP, user_id="ana", session_id="s")
+        assert there is not None
+        await service.append_event(there, _delta({"from": "thread"}, invocation_id="thread"))
+        return [event.invocation_id for event in there.events]
+
+    seen = await anyio.to_thread.run_sync(lambda: asyncio.run(elsewhere()))
+    assert seen == ["main", "thread"]
+    back = await service.get_session(app_name=APP, user_id="ana", session_id="s")
+    assert back is not None
+    assert [event.invocation_id for event in back.events] == ["main", "thread"]
+    assert back.state["from"] == "thread"
